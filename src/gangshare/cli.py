@@ -1,0 +1,31 @@
+"""The `gangshare` command. Each subcommand lives with the component it starts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from gangshare import __version__
+from gangshare.whatif import add_plan_command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gangshare",
+        description="Gang scheduling and GPU sharing for deep-learning training on Kubernetes.",
+    )
+    parser.add_argument("--version", action="version", version=f"gangshare {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_plan_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The cluster snapshot: nodes, what is allocated to whom, and a best-fit index.
+
+The operator builds one per scheduling cycle, the extender keeps one fed by
+watches, the simulator keeps one as its live state. All mutation goes through
+`allocate` and `release`, which keep the free-GPU index in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from gangshare.core.gpu import Tenant
+from gangshare.core.job import ServiceClass
+from gangshare.core.node import NodeState
+
+
+class AllocationError(ValueError):
+    """An allocation that would break an invariant (double guaranteed, over-capacity)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    node: str
+    gpu_indices: tuple[int, ...]
+    tenant: Tenant
+
+
+class Cluster:
+    def __init__(self, nodes: Iterable[NodeState] = ()) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        # free guaranteed GPU count -> node names (dicts as insertion-ordered sets, for determinism)
+        self._by_free: dict[int, dict[str, None]] = {}
+        self._allocations: dict[str, list[Allocation]] = {}
+        for node in nodes:
+            self.add_node(node)
+
+    # ----- nodes -------------------------------------------------------------
+
+    def add_node(self, node: NodeState) -> None:
+        if node.name in self.nodes:
+            raise ValueError(f"node {node.name} is already in the cluster")
+        self.nodes[node.name] = node
+        node.recount()
+        self._by_free.setdefault(node.free_guaranteed, {})[node.name] = None
+
+    def remove_node(self, name: str) -> NodeState:
+        node = self.nodes.pop(name)
+        self._by_free[node.free_guaranteed].pop(name, None)
+        for owner in list(self._allocations):
+            kept = [a for a in self._allocations[owner] if a.node != name]
+            if kept:
+                self._allocations[owner] = kept
+            else:
+                del self._allocations[owner]
+        return node
+
+    def node(self, name: str) -> NodeState:
+        return self.nodes[name]
+
+    def cordon(self, name: str, reason: str | None) -> None:
+        """Mark a node as taking no new work (reason) or as open again (None)."""
+        self.nodes[name].unschedulable_reason = reason
+
+    def racks(self) -> list[str]:
+        return sorted({n.rack for n in self.nodes.values()})
+
+    def nodes_with_free_at_least(self, count: int) -> Iterator[NodeState]:
+        """Nodes with at least `count` GPUs free for guaranteed work, tightest first."""
+        for free in sorted(k for k in self._by_free if k >= count):
+            for name in self._by_free[free]:
+                yield self.nodes[name]
+
+    def count_with_free_at_least(self, count: int) -> int:
+        return sum(len(names) for free, names in self._by_free.items() if free >= count)
+
+    # ----- allocations -------------------------------------------------------
+
+    def allocate(
+        self,
+        owner: str,
+        worker: str,
+        node_name: str,
+        gpu_indices: Sequence[int],
+        service_class: ServiceClass,
+        memory_mib: int | None = None,
+    ) -> Allocation:
+        node = self.nodes[node_name]
+        tenant = Tenant(owner, worker, service_class, memory_mib)
+        indices = tuple(gpu_indices)
+        if len(set(indices)) != len(indices):
+            raise AllocationError(f"{worker}: GPU listed twice in {indices}")
+        for index in indices:
+            if not 0 <= index < node.gpu_count:
+                raise AllocationError(f"{worker}: node {node_name} has no GPU {index}")
+            gpu = node.gpus[index]
+            if service_class is ServiceClass.GUARANTEED and gpu.guaranteed is not None:
+                raise AllocationError(
+                    f"{worker}: GPU {index} on {node_name} is held by {gpu.guaranteed.worker}"
+                )
+            if service_class is ServiceClass.OPPORTUNISTIC and gpu.free_share_slots() < 1:
+                raise AllocationError(
+                    f"{worker}: GPU {index} on {node_name} has no free share slot"
+                )
+        before = node.free_guaranteed
+        self._attach(node, indices, tenant)
+        self._reindex(node, before)
+        allocation = Allocation(node_name, indices, tenant)
+        self._allocations.setdefault(owner, []).append(allocation)
+        return allocation
+
+    def release(self, owner: str) -> list[Allocation]:
+        """Free everything `owner` holds (a whole gang, or one pod)."""
+        released = self._allocations.pop(owner, [])
+        self._detach_all(released)
+        return released
+
+    def release_worker(self, owner: str, worker: str) -> list[Allocation]:
+        kept: list[Allocation] = []
+        released: list[Allocation] = []
+        for allocation in self._allocations.get(owner, []):
+            (released if allocation.tenant.worker == worker else kept).append(allocation)
+        if kept:
+            self._allocations[owner] = kept
+        else:
+            self._allocations.pop(owner, None)
+        self._detach_all(released)
+        return released
+
+    def allocations_of(self, owner: str) -> list[Allocation]:
+        return list(self._allocations.get(owner, []))
+
+    def owners(self) -> list[str]:
+        return list(self._allocations)
+
+    # ----- internals -----------------------------------------------------------
+
+    @staticmethod
+    def _attach(node: NodeState, indices: tuple[int, ...], tenant: Tenant) -> None:
+        for index in indices:
+            gpu = node.gpus[index]
+            if tenant.service_class is ServiceClass.GUARANTEED:
+                gpu.guaranteed = tenant
+            else:
+                gpu.opportunistic.append(tenant)
+
+    @staticmethod
+    def _detach(node: NodeState, allocation: Allocation) -> None:
+        for index in allocation.gpu_indices:
+            gpu = node.gpus[index]
+            if gpu.guaranteed == allocation.tenant:
+                gpu.guaranteed = None
+            elif allocation.tenant in gpu.opportunistic:
+                gpu.opportunistic.remove(allocation.tenant)
+
+    def _detach_all(self, allocations: list[Allocation]) -> None:
+        for allocation in allocations:
+            node = self.nodes.get(allocation.node)
+            if node is not None:
+                before = node.free_guaranteed
+                self._detach(node, allocation)
+                self._reindex(node, before)
+
+    def _reindex(self, node: NodeState, before: int) -> None:
+        node.recount()
+        after = node.free_guaranteed
+        if after != before:
+            self._by_free[before].pop(node.name, None)
+            self._by_free.setdefault(after, {})[node.name] = None

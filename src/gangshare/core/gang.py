@@ -1,0 +1,227 @@
+"""All-or-nothing gang planning across nodes.
+
+Phases, tightest first, each one only when the previous found nothing:
+  1. one node (best-fit: the node whose room is closest to the gang);
+  2. one rack (fewest nodes, then least room left over);
+  3. the whole cluster (fewest nodes, then fewest racks).
+A Required scope stops at its own phase. Island-local workers are tried before
+workers that span NVLink islands when the island policy is Preferred.
+Either every worker gets GPUs in the plan, or the answer is Unschedulable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gangshare.core.choose import choose_gpus
+from gangshare.core.cluster import AllocationError, Cluster
+from gangshare.core.fit import worker_capacity
+from gangshare.core.job import GangRequest, TopologyPolicy, TopologyScope, WorkerRequest
+from gangshare.core.node import NodeState
+from gangshare.core.score import score_worker
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    rank: int
+    node: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    owner: str
+    placements: tuple[WorkerPlacement, ...]
+    # True when the gang's Preferred topology could not be met and was relaxed.
+    relaxed: bool = False
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(dict.fromkeys(p.node for p in self.placements))
+
+    def racks(self, cluster: Cluster) -> list[str]:
+        return sorted({cluster.node(n).rack for n in self.nodes})
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    owner: str
+    reason: str
+
+
+Candidate = tuple[NodeState, int]
+
+
+def plan_gang(
+    cluster: Cluster, gang: GangRequest, waited_seconds: float = 0.0
+) -> GangPlan | Unschedulable:
+    topology = gang.topology.effective(waited_seconds)
+    island = topology.island_policy
+    passes = (
+        [island]
+        if island is not TopologyPolicy.PREFERRED
+        else [TopologyPolicy.REQUIRED, TopologyPolicy.NONE]
+    )
+    widest = TopologyScope.NVLINK  # NVLink-scoped gangs may still span nodes and racks
+    if topology.policy is TopologyPolicy.REQUIRED and topology.scope is not TopologyScope.NVLINK:
+        widest = topology.scope
+    for attempt, island_policy in enumerate(passes):
+        req = gang.worker(island_policy)
+        chosen = _choose_nodes(cluster, req, gang.workers, widest)
+        if chosen is not None:
+            relaxed = attempt > 0 or topology != gang.topology
+            return _assign_gpus(gang.owner, req, chosen, relaxed)
+    return Unschedulable(gang.owner, _explain(cluster, gang, gang.worker(passes[-1]), widest))
+
+
+def apply_plan(cluster: Cluster, gang: GangRequest, plan: GangPlan) -> None:
+    """Allocate every worker of the plan, or none of them."""
+    try:
+        for placement in plan.placements:
+            cluster.allocate(
+                gang.owner,
+                f"{gang.owner}/{placement.rank}",
+                placement.node,
+                placement.gpu_indices,
+                gang.service_class,
+                gang.gpu_memory_mib if not gang.worker().guaranteed else None,
+            )
+    except AllocationError:
+        cluster.release(gang.owner)
+        raise
+
+
+# ----- phase 1..3: which nodes, how many workers each ------------------------------------------
+
+
+def _choose_nodes(
+    cluster: Cluster, req: WorkerRequest, workers: int, widest: TopologyScope
+) -> list[Candidate] | None:
+    single = _one_node(cluster, req, workers)
+    if single is not None or widest is TopologyScope.NODE:
+        return single
+    candidates = _candidates(cluster, req)
+    if sum(cap for _, cap in candidates) < workers:
+        return None
+    by_rack: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        by_rack.setdefault(candidate[0].rack, []).append(candidate)
+    in_rack = _one_rack(by_rack, workers)
+    if in_rack is not None or widest is TopologyScope.RACK:
+        return in_rack
+    return _fewest_racks(by_rack, workers)
+
+
+def _candidates(cluster: Cluster, req: WorkerRequest) -> list[Candidate]:
+    nodes: Iterable[NodeState]
+    nodes = cluster.nodes_with_free_at_least(req.gpus) if req.guaranteed else cluster.nodes.values()
+    found = []
+    for node in nodes:
+        capacity = worker_capacity(node, req)
+        if capacity > 0:
+            found.append((node, capacity))
+    return found
+
+
+def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candidate] | None:
+    if req.guaranteed:
+        # The index yields the tightest nodes first, so the first fit is the best fit.
+        for node in cluster.nodes_with_free_at_least(req.gpus * workers):
+            if worker_capacity(node, req) >= workers:
+                return [(node, workers)]
+        return None
+    best: tuple[float, str, NodeState] | None = None
+    for node in cluster.nodes.values():
+        if worker_capacity(node, req) >= workers:
+            key = (-score_worker(node, req), node.name, node)
+            if best is None or key[:2] < best[:2]:
+                best = key
+    return None if best is None else [(best[2], workers)]
+
+
+def _fewest_nodes(candidates: list[Candidate], workers: int) -> list[Candidate] | None:
+    """Largest rooms first (fewest nodes); the last node is the tightest that finishes."""
+    pool = sorted(candidates, key=lambda c: (-c[1], c[0].name))
+    chosen: list[Candidate] = []
+    remaining = workers
+    while remaining > 0 and pool:
+        finishing = [c for c in pool if c[1] >= remaining]
+        if finishing:
+            node, _ = min(finishing, key=lambda c: (c[1], c[0].name))
+            chosen.append((node, remaining))
+            return chosen
+        node, capacity = pool.pop(0)
+        chosen.append((node, capacity))
+        remaining -= capacity
+    return None
+
+
+def _leftover(chosen: list[Candidate], candidates: list[Candidate]) -> int:
+    room = {c[0].name: c[1] for c in candidates}
+    return sum(room[node.name] - used for node, used in chosen)
+
+
+def _one_rack(by_rack: dict[str, list[Candidate]], workers: int) -> list[Candidate] | None:
+    best: tuple[int, int, str] | None = None
+    best_plan: list[Candidate] | None = None
+    for rack, candidates in by_rack.items():
+        plan = _fewest_nodes(candidates, workers)
+        if plan is None:
+            continue
+        key = (len(plan), _leftover(plan, candidates), rack)
+        if best is None or key < best:
+            best, best_plan = key, plan
+    return best_plan
+
+
+def _fewest_racks(by_rack: dict[str, list[Candidate]], workers: int) -> list[Candidate] | None:
+    everything = [c for group in by_rack.values() for c in group]
+    anywhere = _fewest_nodes(everything, workers)
+    if anywhere is None:
+        return None
+    racks = sorted(by_rack, key=lambda r: (-sum(c[1] for c in by_rack[r]), r))
+    union: list[Candidate] = []
+    for rack in racks:
+        union.extend(by_rack[rack])
+        plan = _fewest_nodes(union, workers)
+        if plan is not None and len(plan) == len(anywhere):
+            return plan
+    return anywhere
+
+
+# ----- GPUs for each worker ------------------------------------------------------------------
+
+
+def _assign_gpus(
+    owner: str, req: WorkerRequest, chosen: list[Candidate], relaxed: bool
+) -> GangPlan | Unschedulable:
+    placements: list[WorkerPlacement] = []
+    ordered = sorted(chosen, key=lambda c: (c[0].rack, -c[1], c[0].name))
+    for node, count in ordered:
+        taken: frozenset[int] = frozenset()
+        for _ in range(count):
+            gpus = choose_gpus(node, req, taken)
+            if gpus is None:  # capacity said yes; a disagreement is a bug worth surfacing
+                return Unschedulable(owner, f"internal: node {node.name} lost room for a worker")
+            taken = taken.union(gpus)
+            placements.append(WorkerPlacement(len(placements), node.name, gpus))
+    return GangPlan(owner, tuple(placements), relaxed)
+
+
+def _explain(cluster: Cluster, gang: GangRequest, req: WorkerRequest, widest: TopologyScope) -> str:
+    ask = f"needs {gang.workers} worker(s) x {gang.gpus_per_worker} GPU(s) ({gang.service_class})"
+    candidates = _candidates(cluster, req)
+    room = sum(cap for _, cap in candidates)
+    total = len(cluster.nodes)
+    if req.guaranteed:
+        short = total - cluster.count_with_free_at_least(req.gpus)
+        detail = f"{short} of {total} nodes have fewer than {req.gpus} free GPU(s)"
+    else:
+        detail = f"{total - len(candidates)} of {total} nodes lack spare memory or share slots"
+    where = f"room for {room} worker(s) on {len(candidates)} node(s)"
+    if room >= gang.workers and widest is TopologyScope.NODE:
+        where += "; no single node holds the whole gang (topology Node, Required)"
+    elif room >= gang.workers and widest is TopologyScope.RACK:
+        where += "; no single rack holds the whole gang (topology Rack, Required)"
+    return f"{ask}: {where}; {detail}"

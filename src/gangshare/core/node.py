@@ -1,0 +1,80 @@
+"""A GPU node as the scheduler sees it: GPUs, NVLink islands, rack, and who holds what."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gangshare.core.gpu import Gpu, GpuState
+from gangshare.core.topology import Island, normalize_islands
+
+
+@dataclass
+class NodeState:
+    name: str
+    gpus: list[GpuState]
+    islands: tuple[Island, ...]
+    rack: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Why the node takes no new work (cordoned, NotReady, tainted); None when it does.
+    unschedulable_reason: str | None = None
+    _free_guaranteed: int = field(default=-1, repr=False)
+
+    def __post_init__(self) -> None:
+        indices = [g.index for g in self.gpus]
+        if indices != list(range(len(indices))):
+            raise ValueError(f"node {self.name}: GPU indices must be 0..{len(indices) - 1}")
+        self.recount()
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        gpus: Iterable[Gpu],
+        islands: Iterable[Iterable[int]] = (),
+        rack: str = "",
+        labels: Mapping[str, str] | None = None,
+    ) -> NodeState:
+        states = [GpuState(g) for g in sorted(gpus, key=lambda g: g.index)]
+        return cls(
+            name=name,
+            gpus=states,
+            islands=normalize_islands((s.index for s in states), islands),
+            rack=rack,
+            labels=dict(labels or {}),
+        )
+
+    def recount(self) -> None:
+        """Refresh the cached free count; the cluster calls it after every change."""
+        self._free_guaranteed = sum(1 for g in self.gpus if g.free_for_guaranteed)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def free_guaranteed(self) -> int:
+        return self._free_guaranteed
+
+    @property
+    def schedulable(self) -> bool:
+        return self.unschedulable_reason is None
+
+    @property
+    def gpu_model(self) -> str:
+        return self.gpus[0].gpu.model if self.gpus else ""
+
+    def island_of(self, gpu_index: int) -> Island:
+        for island in self.islands:
+            if gpu_index in island:
+                return island
+        raise KeyError(gpu_index)
+
+    def free_by_island(
+        self, exclude: frozenset[int] = frozenset()
+    ) -> list[tuple[Island, list[int]]]:
+        """Each island with its GPUs that a guaranteed worker could take."""
+        return [
+            (island, [i for i in island if i not in exclude and self.gpus[i].free_for_guaranteed])
+            for island in self.islands
+        ]

@@ -1,0 +1,1 @@
+"""Developer tooling: the local control plane (etcd, kube-apiserver, kube-scheduler, KWOK)."""

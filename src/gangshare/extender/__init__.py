@@ -1,0 +1,1 @@
+"""The FastAPI scheduler extender called by kube-scheduler (filter, prioritize, bind)."""

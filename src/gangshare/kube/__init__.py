@@ -1,0 +1,1 @@
+"""Thin helpers that turn core objects into Kubernetes manifests and back."""

@@ -1,0 +1,1 @@
+"""The kopf operator: gangshare's global scheduler (queues, gang admission, lifecycle)."""

@@ -1,0 +1,1 @@
+"""The trace-driven simulator: replays public traces through gangshare.core with virtual time."""

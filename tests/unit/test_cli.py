@@ -1,0 +1,29 @@
+"""The what-if `gangshare plan` command on the embedded demo cluster spec."""
+
+from pathlib import Path
+
+from gangshare.cli import main
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "demo.yaml"
+
+
+def test_plan_prints_a_placement_table(capsys):
+    assert main(["plan", "--cluster", str(DEMO), "--workers", "2", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["RANK", "NODE", "RACK", "GPUS"]
+    assert [line.split()[0] for line in out[1:3]] == ["0", "1"]
+    assert out[-1] == "2 node(s), 1 rack(s) (topology preference relaxed)"
+
+
+def test_plan_reports_unschedulable_with_the_reason(capsys):
+    assert main(["plan", "--cluster", str(DEMO), "--workers", "9", "--gpus", "8"]) == 1
+    assert capsys.readouterr().out.startswith("unschedulable: needs 9 worker(s) x 8 GPU(s)")
+
+
+def test_bad_spec_is_a_clear_error(tmp_path, capsys):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("nodePools:\n  - name: x\n    gpusPerNode: -1\n")
+    assert main(["plan", "--cluster", str(spec)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: nodePools[0].gpusPerNode: must be between 1 and 64, got -1"
+    )
