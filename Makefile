@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit bench clean venv
+.PHONY: test lint typecheck contracts unit bench clean venv k8s dev-up dev-down
 
 # The virtual environment is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -29,9 +29,19 @@ contracts: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q
 
+# Kubernetes binaries from Go modules, cached by version outside the repo (cold: long; warm: instant).
+k8s:
+	bash scripts/build-k8s.sh
+
 # The full suite: static checks, the purity contract, then every test (unit, integration, e2e).
-test: lint typecheck contracts
+test: lint typecheck contracts k8s
 	$(BIN)/pytest -q
+
+dev-up: $(STAMP) k8s
+	$(BIN)/gangshare dev up
+
+dev-down: $(STAMP)
+	$(BIN)/gangshare dev down
 
 bench: $(STAMP)
 	$(BIN)/python bench/placement.py

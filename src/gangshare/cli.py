@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from gangshare import __version__
+from gangshare.dev.cli import add_dev_command
 from gangshare.whatif import add_plan_command
 
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gangshare {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_plan_command(commands)
+    add_dev_command(commands)
     return parser
 
 

@@ -4,7 +4,9 @@ from pathlib import Path
 
 from gangshare.cli import main
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "demo.yaml"
+DEMO = (
+    Path(__file__).resolve().parents[2] / "src" / "gangshare" / "dev" / "data" / "demo-cluster.yaml"
+)
 
 
 def test_plan_prints_a_placement_table(capsys):

@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control-plane components (plus etcd, kwok, helm)
+# from Go modules, into a per-version cache folder OUTSIDE the repository.
+#
+# Why this exists: gangshare's integration tests need a real kube-apiserver /
+# scheduler / controller-manager, but this project must never commit binaries,
+# module caches or copied upstream code, and the build machines can reach only
+# the Go module proxy (no GitHub, no dl.k8s.io, no Docker).  So everything is
+# compiled from the exact upstream module versions pinned below.
+#
+# Usage:
+#   scripts/build-k8s.sh                 build whatever is missing (warm run: seconds)
+#   scripts/build-k8s.sh --print-bin-dir print the bin folder and exit (no build)
+#   scripts/build-k8s.sh --check         exit 0 if every binary is present, 1 otherwise
+#   scripts/build-k8s.sh --latest        show the newest versions the proxy offers
+#                                        (to help bump the pins; builds nothing)
+#
+# Environment:
+#   GANGSHARE_CACHE   cache root (default: $HOME/.cache/gangshare)
+#   GOMODCACHE/GOCACHE are honoured; the Go defaults (outside the repo) are shared
+#   across versions so a bump only recompiles what changed.
+set -euo pipefail
+
+# ---------------------------------------------------------------------------
+# Pinned versions.  The Kubernetes version is the cache key; the others are
+# recorded per binary (see STAMP_DIR) so bumping one of them rebuilds only it.
+#
+# K8S_VERSION: newest 1.35.x the module proxy serves.  Its go.mod says
+#   `go 1.25.0`, which the local Go 1.26 toolchain accepts (1.36.x would work
+#   too, but the project targets 1.35).
+# ETCD_VERSION: newest 3.6 patch; etcd 3.6 is the series Kubernetes 1.35
+#   is validated against.  server/v3 pins api/v3, client/pkg/v3, ... at the
+#   same version itself, so no extra replace lines are needed.
+# KWOK_VERSION: newest kwok release; its go.mod (`go 1.26.0`) is accepted by
+#   Go 1.26.x and it has no replace directives.
+# HELM_VERSION: newest v3 (v4 has a different CLI / module path).
+# ---------------------------------------------------------------------------
+K8S_VERSION="v1.35.4"
+ETCD_VERSION="v3.6.16"
+KWOK_VERSION="v0.8.0"
+HELM_VERSION="v3.22.0"
+
+K8S_MODULE="k8s.io/kubernetes"
+ETCD_MODULE="go.etcd.io/etcd/server/v3"
+KWOK_MODULE="sigs.k8s.io/kwok"
+HELM_MODULE="helm.sh/helm/v3"
+
+K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm)
+
+CACHE_ROOT="${GANGSHARE_CACHE:-$HOME/.cache/gangshare}"
+KEY_DIR="${CACHE_ROOT}/k8s/${K8S_VERSION}"
+BIN_DIR="${KEY_DIR}/bin"
+# Stamps live next to (not inside) bin/ so bin/ holds nothing but executables
+# and can be put straight on PATH.
+STAMP_DIR="${KEY_DIR}/stamps"
+
+# Never let Go fetch a different toolchain (the proxy may not serve one, and
+# we want reproducible "built with the local Go" results); a module whose
+# `go` line is newer than the local Go then fails loudly instead.
+export GOTOOLCHAIN=local
+# The wrapper modules below are generated without a go.sum and with only the
+# top-level require; -mod=mod lets `go build` resolve and record the rest.
+# -buildvcs=false because the wrapper dir is not a VCS checkout anyway.
+export GOFLAGS="-mod=mod -buildvcs=false"
+# A go.work in a parent dir (or GOWORK in the env) must not hijack the wrappers.
+export GOWORK=off
+# Static, libc-independent binaries: they run anywhere on this arch and the
+# build needs no C toolchain.
+export CGO_ENABLED=0
+
+log() { printf '[build-k8s] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# stamp_value <binary>: the component version a binary must have been built
+# from for the cached copy to count as current.
+stamp_value() {
+    case "$1" in
+        kube-*|kubectl) echo "${K8S_MODULE}@${K8S_VERSION}" ;;
+        etcd) echo "${ETCD_MODULE}@${ETCD_VERSION}" ;;
+        kwok) echo "${KWOK_MODULE}@${KWOK_VERSION}" ;;
+        helm) echo "${HELM_MODULE}@${HELM_VERSION}" ;;
+        *) die "unknown binary $1" ;;
+    esac
+}
+
+is_current() {
+    local name="$1"
+    [[ -x "${BIN_DIR}/${name}" && -f "${STAMP_DIR}/${name}" ]] &&
+        [[ "$(cat "${STAMP_DIR}/${name}")" == "$(stamp_value "${name}")" ]]
+}
+
+all_current() {
+    local b
+    for b in "${ALL_BINARIES[@]}"; do
+        is_current "$b" || return 1
+    done
+}
+
+case "${1:-}" in
+    --print-bin-dir)
+        echo "${BIN_DIR}"
+        exit 0
+        ;;
+    --check)
+        if all_current; then exit 0; fi
+        for b in "${ALL_BINARIES[@]}"; do
+            is_current "$b" || log "missing or stale: ${BIN_DIR}/${b}"
+        done
+        exit 1
+        ;;
+    --latest)
+        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}"; do
+            printf '%s: %s\n' "$m" "$(go list -m -versions "$m" | tr ' ' '\n' | tail -n 8 | tr '\n' ' ')"
+        done
+        exit 0
+        ;;
+    -h|--help)
+        sed -n '2,21p' "$0"
+        exit 0
+        ;;
+    "") ;;
+    *) die "unknown argument: $1 (see --help)" ;;
+esac
+
+command -v go >/dev/null || die "go not found on PATH"
+
+TOTAL_START=$(date +%s)
+
+# Fast path: a warm run must not touch the network or even start `go`.
+if all_current; then
+    log "all binaries present in ${BIN_DIR} (0s)"
+    exit 0
+fi
+
+mkdir -p "${BIN_DIR}" "${STAMP_DIR}"
+
+# Two concurrent runs (e.g. parallel CI jobs) would otherwise race on the
+# same output files; the second simply waits and then finds everything built.
+exec 9>"${KEY_DIR}/.lock"
+if command -v flock >/dev/null; then
+    flock 9
+fi
+
+WORK_DIR="$(mktemp -d "${TMPDIR:-/tmp}/gangshare-build-k8s.XXXXXX")"
+cleanup() { rm -rf "${WORK_DIR}"; }
+trap cleanup EXIT
+
+GO_VERSION="$(go env GOVERSION)"
+log "go ${GO_VERSION}, GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE)"
+log "work dir ${WORK_DIR}, output ${BIN_DIR}"
+
+# mod_field <module@version> <Field>: a field of `go mod download -json`
+# (GoMod = path of the upstream go.mod, Time = release timestamp).
+mod_field() {
+    local json
+    json="$(go mod download -json "$1")" || die "go mod download $1 failed"
+    if grep -q '"Error"' <<<"${json}"; then
+        die "go mod download $1: $(sed -n 's/.*"Error": "\(.*\)".*/\1/p' <<<"${json}")"
+    fi
+    sed -n "s/^[[:space:]]*\"$2\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"${json}" | head -n 1
+}
+
+# write_wrapper <dir> <module> <version> [extra go.mod lines...]
+# Creates a throwaway main module that requires the upstream module.  This is
+# needed because `go install mod/cmd/x@v` refuses modules whose go.mod has
+# replace directives (kubernetes, etcd), and using one mechanism for all
+# components keeps things uniform.  The upstream `go` and `godebug` lines are
+# copied so the binaries get the same GODEBUG defaults as official builds
+# (those are decided by the *main* module's go.mod, i.e. ours).
+write_wrapper() {
+    local dir="$1" module="$2" version="$3"
+    shift 3
+    local upstream_mod go_line
+    upstream_mod="$(mod_field "${module}@${version}" GoMod)"
+    [[ -f "${upstream_mod}" ]] || die "no go.mod for ${module}@${version}"
+    go_line="$(awk '$1 == "go" { print $2; exit }' "${upstream_mod}")"
+    mkdir -p "${dir}"
+    {
+        echo "module gangshare.local/build/$(basename "${dir}")"
+        echo
+        echo "go ${go_line}"
+        echo
+        grep -E '^godebug([[:space:]]|\()' "${upstream_mod}" || true
+        echo
+        echo "require ${module} ${version}"
+        local line
+        for line in "$@"; do
+            echo "${line}"
+        done
+    } >"${dir}/go.mod"
+}
+
+# k8s_replace_lines <kubernetes go.mod>: k8s.io/kubernetes points its staging
+# modules (k8s.io/api, k8s.io/client-go, ...) at ./staging/src/... and
+# requires them at v0.0.0.  Those local paths do not exist for a consumer, so
+# redirect each one to the published staging module of the matching version
+# (v1.X.Y -> v0.X.Y).  The list is read from the upstream go.mod so it stays
+# right when K8S_VERSION changes (staging modules come and go between releases).
+k8s_replace_lines() {
+    local gomod="$1" staging_version="v0.${K8S_VERSION#v1.}"
+    awk '
+        /^replace[[:space:]]*\(/ { blk = 1; next }
+        blk && /^\)/             { blk = 0; next }
+        blk                      { print; next }
+        /^replace[[:space:]]/    { sub(/^replace[[:space:]]+/, ""); print }
+    ' "${gomod}" | sed 's://.*$::' | while read -r old a b c d; do
+        [[ -n "${old}" ]] || continue
+        # Forms: "old => new [ver]" or "old oldver => new [ver]".
+        local new newver
+        if [[ "${a}" == "=>" ]]; then new="${b}"; newver="${c}"; else new="${c}"; newver="${d}"; fi
+        case "${new}" in
+            ./staging/src/*) echo "replace ${old} => ${old} ${staging_version}" ;;
+            # die would only exit this pipeline's subshell; let the caller fail.
+            ./* | ../* | /*) echo "!unexpected local replace: ${old} => ${new}" ;;
+            # A pin to another module version: keep it, upstream relies on it.
+            *) echo "replace ${old} => ${new} ${newver}" ;;
+        esac
+    done
+}
+
+# go_build <wrapper dir> <output name> <package> <ldflags>
+# Builds into a temp name and renames, so an interrupted build never leaves a
+# half-written file that a later run would mistake for a cached binary.
+go_build() {
+    local dir="$1" name="$2" pkg="$3" ldflags="$4"
+    local start tmp_out
+    start=$(date +%s)
+    tmp_out="${BIN_DIR}/.${name}.partial.$$"
+    (cd "${dir}" && go build -trimpath -ldflags "-s -w ${ldflags}" -o "${tmp_out}" "${pkg}") ||
+        { rm -f "${tmp_out}"; die "building ${name} (${pkg}) failed"; }
+    mv -f "${tmp_out}" "${BIN_DIR}/${name}"
+    stamp_value "${name}" >"${STAMP_DIR}/${name}"
+    log "$(printf '%-24s built in %5ss' "${name}" "$(( $(date +%s) - start ))")"
+}
+
+# --- Kubernetes: kube-apiserver, kube-scheduler, kube-controller-manager, kubectl
+build_k8s() {
+    local need=() b
+    for b in "${K8S_BINARIES[@]}"; do
+        if is_current "$b"; then log "$(printf '%-24s cached' "$b")"; else need+=("$b"); fi
+    done
+    [[ ${#need[@]} -gt 0 ]] || return 0
+
+    local dir="${WORK_DIR}/kubernetes" gomod build_date minor
+    gomod="$(mod_field "${K8S_MODULE}@${K8S_VERSION}" GoMod)"
+    mapfile -t replaces < <(k8s_replace_lines "${gomod}")
+    [[ ${#replaces[@]} -gt 0 ]] || die "found no staging replaces in ${gomod}"
+    if printf '%s\n' "${replaces[@]}" | grep -q '^!'; then
+        die "$(printf '%s\n' "${replaces[@]}" | grep '^!') in ${gomod}"
+    fi
+    write_wrapper "${dir}" "${K8S_MODULE}" "${K8S_VERSION}" "${replaces[@]}"
+    log "kubernetes wrapper: ${#replaces[@]} staging replace lines"
+
+    # Official builds stamp the version via hack/lib/version.sh; without this
+    # kubectl/apiserver report v0.0.0-master and clients (helm, kwok, version
+    # skew checks) misbehave.  Both component-base (servers, kubectl) and
+    # client-go (user agent, discovery) carry a copy of these variables.
+    # gitCommit is unknowable from the module proxy, hence a fixed placeholder.
+    # buildDate is the module's release time so rebuilds are reproducible.
+    build_date="$(mod_field "${K8S_MODULE}@${K8S_VERSION}" Time)"
+    minor="${K8S_VERSION#v1.}"
+    minor="${minor%%.*}"
+    local ldflags="" pkg
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
+        ldflags+=" -X ${pkg}.gitMajor=1"
+        ldflags+=" -X ${pkg}.gitMinor=${minor}"
+        ldflags+=" -X ${pkg}.gitTreeState=clean"
+        ldflags+=" -X ${pkg}.gitCommit=0000000000000000000000000000000000000000"
+        ldflags+=" -X ${pkg}.buildDate=${build_date}"
+    done
+
+    # One binary at a time: the shared GOCACHE makes the 2nd..4th builds reuse
+    # almost everything, and linking several huge binaries at once can exhaust
+    # memory on small machines.
+    for b in "${need[@]}"; do
+        go_build "${dir}" "$b" "${K8S_MODULE}/cmd/$b" "${ldflags}"
+    done
+}
+
+# --- etcd: upstream's main package lives in the root module go.etcd.io/etcd/v3,
+# which has local replaces (and is not always on the proxy), so we compile our
+# own two-line main around the same entry point upstream's main.go calls.
+build_etcd() {
+    if is_current etcd; then log "$(printf '%-24s cached' etcd)"; return 0; fi
+    local dir="${WORK_DIR}/etcd"
+    write_wrapper "${dir}" "${ETCD_MODULE}" "${ETCD_VERSION}"
+    cat >"${dir}/main.go" <<'EOF'
+// Generated by gangshare scripts/build-k8s.sh; mirrors etcd's own main.go.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+    # api/v3/version.Version is already the release number in source; only
+    # the git SHA is left to the build; it is unknowable from the proxy, so
+    # record where the build came from instead of upstream's "Not provided".
+    go_build "${dir}" etcd . "-X go.etcd.io/etcd/api/v3/version.GitSHA=module-${ETCD_VERSION}"
+}
+
+# --- kwok: only the `kwok` controller, not kwokctl.
+build_kwok() {
+    if is_current kwok; then log "$(printf '%-24s cached' kwok)"; return 0; fi
+    local dir="${WORK_DIR}/kwok"
+    write_wrapper "${dir}" "${KWOK_MODULE}" "${KWOK_VERSION}"
+    # consts.Version already equals the release in source; setting it anyway
+    # keeps `kwok --version` right if upstream ever forgets to bump it.
+    # KubeVersion is what kwok reports as the fake nodes' kubelet version, so
+    # make it match the control plane we ship.
+    go_build "${dir}" kwok "${KWOK_MODULE}/cmd/kwok" \
+        "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}"
+}
+
+# --- helm v3
+build_helm() {
+    if is_current helm; then log "$(printf '%-24s cached' helm)"; return 0; fi
+    local dir="${WORK_DIR}/helm" gomod cg major minor
+    write_wrapper "${dir}" "${HELM_MODULE}" "${HELM_VERSION}"
+    # Same stamping as helm's Makefile: without `version` it reports "v3.22"
+    # (no patch); k8sVersionMajor/Minor (default 1.20!) feed .Capabilities
+    # .KubeVersion for `helm template`, derived from helm's client-go.
+    gomod="$(mod_field "${HELM_MODULE}@${HELM_VERSION}" GoMod)"
+    cg="$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "${gomod}")"
+    cg="${cg#v}"
+    major=$(( ${cg%%.*} + 1 ))
+    minor="${cg#*.}"
+    minor="${minor%%.*}"
+    local p="helm.sh/helm/v3"
+    go_build "${dir}" helm "${p}/cmd/helm" \
+        "-X ${p}/internal/version.version=${HELM_VERSION} -X ${p}/internal/version.gitTreeState=clean \
+ -X ${p}/pkg/lint/rules.k8sVersionMajor=${major} -X ${p}/pkg/lint/rules.k8sVersionMinor=${minor} \
+ -X ${p}/pkg/chartutil.k8sVersionMajor=${major} -X ${p}/pkg/chartutil.k8sVersionMinor=${minor}"
+}
+
+build_k8s
+build_etcd
+build_kwok
+build_helm
+
+# Record what this bin folder holds, for humans and for tests that want to
+# assert the versions they run against.
+cat >"${KEY_DIR}/VERSIONS" <<EOF
+kubernetes ${K8S_VERSION}
+etcd ${ETCD_VERSION}
+kwok ${KWOK_VERSION}
+helm ${HELM_VERSION}
+go ${GO_VERSION}
+EOF
+
+all_current || die "some binaries are still missing after the build"
+log "$(printf '%-24s %5ss' "total" "$(( $(date +%s) - TOTAL_START ))")"

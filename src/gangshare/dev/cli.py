@@ -1,0 +1,121 @@
+"""`gangshare dev up | down | status | build`: the local control plane for development."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangshare.core.spec import NodeSpec, SpecError, parse_cluster_spec
+from gangshare.dev import binaries, processes
+from gangshare.dev.cluster import ClusterError, ClusterState, LocalCluster
+
+
+def default_root() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(os.environ.get("GANGSHARE_DEV_DIR") or Path(base) / "gangshare" / "dev")
+
+
+def load_nodes(path: Path | None) -> list[NodeSpec]:
+    """Nodes from a cluster spec file, or the embedded demo cluster."""
+    try:
+        if path is None:
+            text = resources.files("gangshare.dev").joinpath("data/demo-cluster.yaml").read_text()
+        else:
+            text = path.read_text()
+        doc: Any = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecError(f"--cluster {path}: cannot read ({err})") from None
+    return parse_cluster_spec(doc or {})
+
+
+def add_dev_command(commands: Any) -> None:
+    dev = commands.add_parser("dev", help="run a local control plane with simulated GPU nodes")
+    actions = dev.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, help_text, run in (
+        (
+            "up",
+            "start etcd, kube-apiserver, scheduler, controller-manager, KWOK and GPU nodes",
+            run_up,
+        ),
+        ("down", "stop every component of the local cluster", run_down),
+        ("status", "show the local cluster's components and nodes", run_status),
+        ("build", "build (or reuse) the Kubernetes binaries", run_build),
+    ):
+        action = actions.add_parser(name, help=help_text)
+        action.add_argument(
+            "--root", type=Path, default=None, help="state folder (default: %(default)s)"
+        )
+        action.set_defaults(run=run)
+        if name == "up":
+            action.add_argument(
+                "--cluster", type=Path, default=None, help="cluster spec YAML (default: demo)"
+            )
+            action.add_argument("--timeout", type=float, default=180.0)
+
+
+def _root(args: argparse.Namespace) -> Path:
+    return Path(args.root) if args.root else default_root()
+
+
+def run_build(args: argparse.Namespace) -> int:
+    try:
+        print(binaries.bin_dir(build=True))
+    except binaries.BinariesError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_up(args: argparse.Namespace) -> int:
+    try:
+        nodes = load_nodes(args.cluster)
+        cluster = LocalCluster(_root(args), binaries.bin_dir(build=True), attached=False)
+        state = cluster.up(nodes, timeout=args.timeout)
+    except (SpecError, ClusterError, binaries.BinariesError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"local cluster up: {len(state.nodes)} GPU nodes, API server {state.server}")
+    print(f"  export KUBECONFIG={state.kubeconfig}")
+    print(f"  logs: {state.logs}")
+    print("  stop with: gangshare dev down")
+    return 0
+
+
+def run_down(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(_root(args), Path(), attached=False)
+    if not cluster.layout.state.exists():
+        print("no local cluster is running")
+        return 0
+    ports = ClusterState.load(cluster.layout.state).ports
+    survivors = cluster.down()
+    if survivors:
+        print(f"error: still running: {', '.join(survivors)}", file=sys.stderr)
+        return 1
+    busy = [p for p in ports.values() if processes.port_is_open(p)]
+    if busy:
+        print(f"error: ports still in use: {busy}", file=sys.stderr)
+        return 1
+    print("local cluster stopped; no component left running")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    layout_state = LocalCluster(_root(args), Path()).layout.state
+    if not layout_state.exists():
+        print("no local cluster is running")
+        return 1
+    state = ClusterState.load(layout_state)
+    print(f"API server {state.server}  kubeconfig {state.kubeconfig}")
+    down = 0
+    for name, pid in state.pids.items():
+        alive = processes.Child(name, pid, Path()).alive()
+        down += not alive
+        print(f"  {name:<26} pid {pid:<8} {'running' if alive else 'NOT RUNNING'}")
+    print(f"  {len(state.nodes)} simulated GPU nodes; logs in {state.logs}")
+    return 1 if down else 0

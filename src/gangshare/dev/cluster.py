@@ -1,0 +1,245 @@
+"""A real local Kubernetes control plane with simulated GPU nodes.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK run as
+local processes on free loopback ports under one state folder; every log goes
+to `<root>/logs/`. Nodes come from a cluster spec (the core's `NodeSpec`s).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangshare.core.spec import NodeSpec
+from gangshare.dev import components, processes
+from gangshare.dev.components import Layout, Ports
+from gangshare.dev.pki import Credentials, generate_credentials
+from gangshare.kube.nodes import node_manifest
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClusterState:
+    root: str
+    kubeconfig: str
+    server: str
+    ports: dict[str, int]
+    pids: dict[str, int]
+    logs: str
+    nodes: list[str]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterState:
+        return cls(**json.loads(path.read_text()))
+
+
+def _get(url: str, context: ssl.SSLContext, token: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=2) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _insecure() -> ssl.SSLContext:
+    # Only for the components' own self-signed /healthz endpoints on loopback.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class LocalCluster:
+    def __init__(self, root: Path, bins: Path, attached: bool = True) -> None:
+        self.layout = Layout(root)
+        self.bins = bins
+        self.attached = attached
+        self.children: list[processes.Child] = []
+        self.state: ClusterState | None = None
+        self._creds: Credentials | None = None
+
+    # ----- lifecycle -----------------------------------------------------------------------
+
+    def up(
+        self,
+        nodes: list[NodeSpec],
+        extenders: list[dict[str, Any]] | None = None,
+        timeout: float = 180.0,
+    ) -> ClusterState:
+        existing = self.layout.state
+        if existing.exists() and any(
+            processes.Child(n, p, Path()).alive() for n, p in self._recorded_pids().items()
+        ):
+            raise ClusterError(
+                f"a cluster is already running from {self.layout.root}: "
+                "run `gangshare dev down` first"
+            )
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._start(nodes, extenders, time.monotonic() + timeout)
+        except BaseException:
+            self.down()
+            raise
+
+    def _start(
+        self, nodes: list[NodeSpec], extenders: list[dict[str, Any]] | None, deadline: float
+    ) -> ClusterState:
+        layout = self.layout
+        creds = self._creds = generate_credentials(layout.pki)
+        ports = Ports(*(processes.free_port() for _ in range(6)))
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        layout.kubeconfig.write_text(
+            yaml.safe_dump(components.kubeconfig(server, creds), sort_keys=False)
+        )
+        layout.scheduler_config.write_text(
+            yaml.safe_dump(
+                components.scheduler_config(layout.kubeconfig, extenders), sort_keys=False
+            )
+        )
+        layout.kwok_config.write_text(components.kwok_config())
+        self.state = ClusterState(
+            root=str(layout.root),
+            kubeconfig=str(layout.kubeconfig),
+            server=server,
+            ports=asdict(ports),
+            pids={},
+            logs=str(layout.logs),
+            nodes=[n.name for n in nodes],
+        )
+
+        self._spawn("etcd", components.etcd_argv(self.bins, layout, ports))
+        self._wait(
+            "etcd",
+            deadline,
+            lambda: _get(f"http://127.0.0.1:{ports.etcd}/health", _insecure()) == 200,
+        )
+        self._spawn("kube-apiserver", components.apiserver_argv(self.bins, creds, ports))
+        trusted = ssl.create_default_context(cafile=str(creds.ca_cert))
+        self._wait(
+            "kube-apiserver",
+            deadline,
+            lambda: _get(f"{server}/readyz", trusted, creds.admin_token) == 200,
+        )
+        self._spawn(
+            "kube-controller-manager",
+            components.controller_manager_argv(self.bins, layout, creds, ports),
+        )
+        self._spawn("kube-scheduler", components.scheduler_argv(self.bins, layout, ports))
+        self._spawn("kwok", components.kwok_argv(self.bins, layout, ports))
+        insecure = _insecure()
+        self._wait(
+            "kube-controller-manager",
+            deadline,
+            lambda: _get(f"https://127.0.0.1:{ports.controller_manager}/healthz", insecure) == 200,
+        )
+        self._wait(
+            "kube-scheduler",
+            deadline,
+            lambda: _get(f"https://127.0.0.1:{ports.scheduler}/healthz", insecure) == 200,
+        )
+        self._wait(
+            "kwok",
+            deadline,
+            lambda: _get(f"http://127.0.0.1:{ports.kwok}/healthz", insecure) == 200,
+        )
+
+        api = self.core_api()
+        for spec in nodes:
+            api.create_node(node_manifest(spec))
+        self._wait("nodes Ready", deadline, lambda: self._ready_nodes(api) >= len(nodes))
+        self._wait("default service account", deadline, lambda: self._has_default_sa(api))
+        return self.state
+
+    def down(self) -> list[str]:
+        """Stop every component; returns the names of any that would not die."""
+        children = list(self.children)
+        if not children:
+            children = [
+                processes.Child(n, p, self.layout.logs / f"{n}.log")
+                for n, p in self._recorded_pids().items()
+            ]
+        survivors = processes.stop(children)
+        self.children = []
+        if self.layout.state.exists() and not survivors:
+            self.layout.state.unlink()
+        return survivors
+
+    # ----- queries -------------------------------------------------------------------------
+
+    def core_api(self) -> Any:
+        from kubernetes import client, config
+
+        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.layout.kubeconfig)
+        )
+        return client.CoreV1Api(api_client)
+
+    @staticmethod
+    def _ready_nodes(api: Any) -> int:
+        ready = 0
+        for node in api.list_node().items:
+            for condition in node.status.conditions or []:
+                if condition.type == "Ready" and condition.status == "True":
+                    ready += 1
+        return ready
+
+    @staticmethod
+    def _has_default_sa(api: Any) -> bool:
+        return any(
+            sa.metadata.name == "default"
+            for sa in api.list_namespaced_service_account("default").items
+        )
+
+    def _recorded_pids(self) -> dict[str, int]:
+        if not self.layout.state.exists():
+            return {}
+        try:
+            return ClusterState.load(self.layout.state).pids
+        except (ValueError, TypeError, OSError):
+            return {}
+
+    # ----- internals -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        child = processes.start(name, argv, self.layout.logs, attached=self.attached)
+        self.children.append(child)
+        assert self.state is not None
+        self.state.pids[name] = child.pid
+        self.state.save(self.layout.state)
+
+    def _wait(self, what: str, deadline: float, ready: Callable[[], bool]) -> None:
+        while time.monotonic() < deadline:
+            for child in self.children:
+                if not child.alive():
+                    raise ClusterError(
+                        f"{child.name} exited while waiting for {what}; "
+                        f"log {child.log}:\n{child.tail()}"
+                    )
+            try:
+                if ready():
+                    return
+            except Exception:  # the API may refuse while it starts; keep polling until the deadline
+                pass
+            time.sleep(0.25)
+        raise ClusterError(f"timed out waiting for {what}; logs are in {self.layout.logs}")

@@ -1,0 +1,200 @@
+"""Command lines and config files for each control-plane component, on loopback ports."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangshare.dev.pki import Credentials
+
+SERVICE_CIDR = "10.96.0.0/16"
+CLUSTER_NAME = "gangshare-dev"
+GANGSHARE_SCHEDULER = "gangshare-scheduler"
+
+
+@dataclass
+class Ports:
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    controller_manager: int
+    kwok: int
+
+    def all(self) -> list[int]:
+        return [
+            self.etcd,
+            self.etcd_peer,
+            self.apiserver,
+            self.scheduler,
+            self.controller_manager,
+            self.kwok,
+        ]
+
+
+@dataclass
+class Layout:
+    """Files of one local cluster, all under `root`."""
+
+    root: Path
+    pki: Path = field(init=False)
+    logs: Path = field(init=False)
+    etcd_data: Path = field(init=False)
+    kubeconfig: Path = field(init=False)
+    scheduler_config: Path = field(init=False)
+    kwok_config: Path = field(init=False)
+    state: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pki = self.root / "pki"
+        self.logs = self.root / "logs"
+        self.etcd_data = self.root / "etcd"
+        self.kubeconfig = self.root / "kubeconfig"
+        self.scheduler_config = self.root / "scheduler-config.yaml"
+        self.kwok_config = self.root / "kwok.yaml"
+        self.state = self.root / "state.json"
+
+
+def kubeconfig(server: str, creds: Credentials) -> dict[str, Any]:
+    ca = base64.b64encode(creds.ca_cert.read_bytes()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": CLUSTER_NAME, "cluster": {"server": server, "certificate-authority-data": ca}}
+        ],
+        "users": [{"name": "admin", "user": {"token": creds.admin_token}}],
+        "contexts": [{"name": CLUSTER_NAME, "context": {"cluster": CLUSTER_NAME, "user": "admin"}}],
+        "current-context": CLUSTER_NAME,
+    }
+
+
+def scheduler_config(
+    kubeconfig_path: Path, extenders: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One kube-scheduler, two profiles: the default one and gangshare's."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path), "qps": 200, "burst": 400},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [
+            {"schedulerName": "default-scheduler"},
+            {"schedulerName": GANGSHARE_SCHEDULER},
+        ],
+    }
+    if extenders:
+        config["extenders"] = extenders
+    return config
+
+
+def kwok_config() -> str:
+    """KwokConfiguration plus gangshare's own stages (node ready, pod running/finish/delete)."""
+    options = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {
+            "manageAllNodes": False,
+            "manageNodesWithAnnotationSelector": "kwok.x-k8s.io/node=fake",
+            "nodeLeaseDurationSeconds": 40,
+            # A config file switches off kwok's built-in defaults, so state them.
+            "nodeLeaseParallelism": 4,
+            "podPlayStageParallelism": 4,
+            "nodePlayStageParallelism": 4,
+            "podsOnNodeSyncParallelism": 2,
+            "enablePodsOnNodeSyncListPager": True,
+            "cidr": "10.244.0.0/16",
+            "nodeIP": "10.244.0.1",
+        },
+    }
+    stages = resources.files("gangshare.dev").joinpath("data/kwok-stages.yaml").read_text()
+    return yaml.safe_dump(options, sort_keys=False) + "---\n" + stages
+
+
+def etcd_argv(bins: Path, layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{ports.etcd}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        str(bins / "etcd"),
+        "--name=gangshare",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=gangshare={peer}",
+        # A throwaway dev store: durability buys nothing, fsync costs every write.
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(bins: Path, creds: Credentials, ports: Ports) -> list[str]:
+    return [
+        str(bins / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={creds.serving_cert}",
+        f"--tls-private-key-file={creds.serving_key}",
+        f"--client-ca-file={creds.ca_cert}",
+        f"--token-auth-file={creds.token_file}",
+        "--authorization-mode=Node,RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={creds.sa_pub}",
+        f"--service-account-signing-key-file={creds.sa_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(
+    bins: Path, layout: Layout, creds: Credentials, ports: Ports
+) -> list[str]:
+    kc = str(layout.kubeconfig)
+    return [
+        str(bins / "kube-controller-manager"),
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.controller_manager}",
+        "--leader-elect=false",
+        f"--service-account-private-key-file={creds.sa_key}",
+        f"--root-ca-file={creds.ca_cert}",
+        f"--cluster-name={CLUSTER_NAME}",
+        "--use-service-account-credentials=false",
+        "--v=1",
+    ]
+
+
+def scheduler_argv(bins: Path, layout: Layout, ports: Ports) -> list[str]:
+    kc = str(layout.kubeconfig)
+    return [
+        str(bins / "kube-scheduler"),
+        f"--config={layout.scheduler_config}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.scheduler}",
+        "--v=2",
+    ]
+
+
+def kwok_argv(bins: Path, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(bins / "kwok"),
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--config={layout.kwok_config}",
+        f"--server-address=127.0.0.1:{ports.kwok}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+    ]

@@ -1,0 +1,79 @@
+"""Test helpers for the real local control plane: a session cluster and per-test namespaces."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+
+from gangshare.dev import binaries
+from gangshare.dev.cli import load_nodes
+from gangshare.dev.cluster import ClusterState, LocalCluster
+
+T = TypeVar("T")
+
+
+@dataclass
+class Kube:
+    state: ClusterState
+    bins: Path
+    api_client: Any
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api_client)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api_client)
+
+    @property
+    def extensions(self) -> client.ApiextensionsV1Api:
+        return client.ApiextensionsV1Api(self.api_client)
+
+    def kubectl(self, *args: str) -> list[str]:
+        return [str(self.bins / "kubectl"), f"--kubeconfig={self.state.kubeconfig}", *args]
+
+
+def start_session_cluster(root: Path) -> tuple[LocalCluster, Kube]:
+    bins = binaries.bin_dir(build=True)
+    cluster = LocalCluster(root, bins, attached=True)
+    state = cluster.up(load_nodes(None))
+    api_client = config.new_client_from_config(config_file=state.kubeconfig)
+    return cluster, Kube(state, bins, api_client)
+
+
+def new_namespace(kube: Kube) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # Pods are refused until the service-account controller has made the default account.
+    eventually(
+        lambda: kube.core.read_namespaced_service_account("default", name), what="default SA"
+    )
+    yield name
+    kube.core.delete_namespace(name)
+
+
+def eventually(
+    check: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = ""
+) -> T:
+    """Poll until `check` returns a truthy value without raising; fail with the last reason."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+            last = value
+        except Exception as err:
+            last = err
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what or check}: last saw {last!r}"
+    )
