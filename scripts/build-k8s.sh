@@ -40,6 +40,10 @@ ETCD_VERSION="v3.6.16"
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
 
+# Bump when the build recipe (ldflags, wrapper layout, ...) changes without a
+# version change: it is part of every stamp, so cached binaries get rebuilt.
+RECIPE_REVISION="1"
+
 K8S_MODULE="k8s.io/kubernetes"
 ETCD_MODULE="go.etcd.io/etcd/server/v3"
 KWOK_MODULE="sigs.k8s.io/kwok"
@@ -72,16 +76,20 @@ export CGO_ENABLED=0
 log() { printf '[build-k8s] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# stamp_value <binary>: the component version a binary must have been built
-# from for the cached copy to count as current.
+# stamp_value <binary>: the component version (and recipe revision) a binary
+# must have been built from for the cached copy to count as current.  The key
+# folder only encodes the Kubernetes version, so without this a bumped
+# etcd/kwok/helm pin would silently keep the old binary.
 stamp_value() {
+    local mv
     case "$1" in
-        kube-*|kubectl) echo "${K8S_MODULE}@${K8S_VERSION}" ;;
-        etcd) echo "${ETCD_MODULE}@${ETCD_VERSION}" ;;
-        kwok) echo "${KWOK_MODULE}@${KWOK_VERSION}" ;;
-        helm) echo "${HELM_MODULE}@${HELM_VERSION}" ;;
+        kube-*|kubectl) mv="${K8S_MODULE}@${K8S_VERSION}" ;;
+        etcd) mv="${ETCD_MODULE}@${ETCD_VERSION}" ;;
+        kwok) mv="${KWOK_MODULE}@${KWOK_VERSION}" ;;
+        helm) mv="${HELM_MODULE}@${HELM_VERSION}" ;;
         *) die "unknown binary $1" ;;
     esac
+    echo "${mv} recipe=${RECIPE_REVISION}"
 }
 
 is_current() {
@@ -111,7 +119,7 @@ case "${1:-}" in
         ;;
     --latest)
         for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}"; do
-            printf '%s: %s\n' "$m" "$(go list -m -versions "$m" | tr ' ' '\n' | tail -n 8 | tr '\n' ' ')"
+            printf '%s: %s\n' "$m" "$(go list -m -versions -f '{{range .Versions}}{{.}} {{end}}' "$m" | tr ' ' '\n' | grep . | tail -n 8 | tr '\n' ' ')"
         done
         exit 0
         ;;
@@ -151,7 +159,8 @@ log "go ${GO_VERSION}, GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE
 log "work dir ${WORK_DIR}, output ${BIN_DIR}"
 
 # mod_field <module@version> <Field>: a field of `go mod download -json`
-# (GoMod = path of the upstream go.mod, Time = release timestamp).
+# (GoMod = path of the upstream go.mod, Info = path of the .info JSON that
+# holds the release timestamp).
 mod_field() {
     local json
     json="$(go mod download -json "$1")" || die "go mod download $1 failed"
@@ -258,7 +267,10 @@ build_k8s() {
     # client-go (user agent, discovery) carry a copy of these variables.
     # gitCommit is unknowable from the module proxy, hence a fixed placeholder.
     # buildDate is the module's release time so rebuilds are reproducible.
-    build_date="$(mod_field "${K8S_MODULE}@${K8S_VERSION}" Time)"
+    local info
+    info="$(mod_field "${K8S_MODULE}@${K8S_VERSION}" Info)"
+    build_date="$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "${info}")"
+    [[ -n "${build_date}" ]] || build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     minor="${K8S_VERSION#v1.}"
     minor="${minor%%.*}"
     local ldflags="" pkg
@@ -310,11 +322,12 @@ build_kwok() {
     local dir="${WORK_DIR}/kwok"
     write_wrapper "${dir}" "${KWOK_MODULE}" "${KWOK_VERSION}"
     # consts.Version already equals the release in source; setting it anyway
-    # keeps `kwok --version` right if upstream ever forgets to bump it.
-    # KubeVersion is what kwok reports as the fake nodes' kubelet version, so
-    # make it match the control plane we ship.
+    # (as upstream's hack/releases.sh does) keeps `kwok --version` right if
+    # upstream ever forgets to bump it.  It is also what fake nodes report as
+    # kubeletVersion ("kwok-0.8.0").  consts.KubeVersion only matters to
+    # kwokctl, which we do not build.
     go_build "${dir}" kwok "${KWOK_MODULE}/cmd/kwok" \
-        "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}"
+        "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 }
 
 # --- helm v3
