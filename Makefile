@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit bench clean venv k8s dev-up dev-down
+.PHONY: test lint typecheck contracts unit bench clean venv k8s dev-up dev-down demo
 
 # The virtual environment is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -36,6 +36,10 @@ k8s:
 # The full suite: static checks, the purity contract, then every test (unit, integration, e2e).
 test: lint typecheck contracts k8s
 	$(BIN)/pytest -q
+
+# The newcomer's first command: local cluster, operator, sample jobs, status table until done.
+demo: $(STAMP) k8s
+	$(BIN)/gangshare demo
 
 dev-up: $(STAMP) k8s
 	$(BIN)/gangshare dev up

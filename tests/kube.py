@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,6 +18,7 @@ from kubernetes import client, config
 from gangshare.dev import binaries
 from gangshare.dev.cli import load_nodes
 from gangshare.dev.cluster import ClusterState, LocalCluster
+from gangshare.dev.processes import free_port
 
 T = TypeVar("T")
 
@@ -58,6 +63,12 @@ def new_namespace(kube: Kube) -> Iterator[str]:
     yield name
     kube.core.delete_namespace(name)
 
+    def gone() -> bool:
+        return all(ns.metadata.name != name for ns in kube.core.list_namespace().items)
+
+    # Wait, so the next test starts on a cluster whose GPUs are free again.
+    eventually(gone, timeout=90, what=f"namespace {name} deleted")
+
 
 def eventually(
     check: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = ""
@@ -77,3 +88,58 @@ def eventually(
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what or check}: last saw {last!r}"
     )
+
+
+class OperatorProcess:
+    """`gangshare operator` as a real process against the session cluster, killable at will."""
+
+    def __init__(
+        self, kube: Kube, log_dir: Path, *extra: str, env: dict[str, str] | None = None
+    ) -> None:
+        self.kube = kube
+        self.log_dir = log_dir
+        self.extra = extra
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> OperatorProcess:
+        self.starts += 1
+        log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
+        argv = [
+            sys.executable,
+            "-m",
+            "gangshare.cli",
+            "operator",
+            "--kubeconfig",
+            self.kube.state.kubeconfig,
+            "--liveness",
+            f"http://127.0.0.1:{free_port()}/healthz",
+            "--cycle-interval",
+            "0.5",
+            "--backoff-base-seconds",
+            "1",
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log"))
+        )

@@ -7,7 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from gangshare import __version__
+from gangshare.demo import add_demo_command
 from gangshare.dev.cli import add_dev_command
+from gangshare.extender.main import add_extender_command
+from gangshare.operator.main import add_operator_command
 from gangshare.whatif import add_plan_command
 
 
@@ -20,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_plan_command(commands)
     add_dev_command(commands)
+    add_operator_command(commands)
+    add_extender_command(commands)
+    add_demo_command(commands)
     return parser
 
 

@@ -14,6 +14,7 @@ its live state. Same function, same decisions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from gangshare.core.cluster import Cluster
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, plan_gang
@@ -27,10 +28,20 @@ class Admission:
     plan: GangPlan
 
 
+class PendingKind(StrEnum):
+    """Why a job still waits, as a CamelCase reason for conditions and events."""
+
+    UNSCHEDULABLE = "Unschedulable"
+    QUOTA = "QuotaExceeded"
+    BEHIND = "WaitingInQueue"
+    BACKFILL = "WaitingForReservation"
+
+
 @dataclass(frozen=True)
 class Pending:
     job: QueuedJob
     reason: str
+    kind: PendingKind = PendingKind.UNSCHEDULABLE
 
 
 @dataclass
@@ -76,7 +87,11 @@ def schedule_cycle(
         if blocked and not (policy.backfill and job.service_class is ServiceClass.GUARANTEED):
             for waiting in lane:
                 cycle.result.pending.append(
-                    Pending(waiting, f"waiting behind {job.key} (strict order in its queue)")
+                    Pending(
+                        waiting,
+                        f"waiting behind {job.key} (strict order in its queue)",
+                        PendingKind.BEHIND,
+                    )
                 )
             lane.clear()
         if not lane:
@@ -113,9 +128,13 @@ class _Cycle:
 
     def consider(self, job: QueuedJob) -> bool:
         """Admit the job if it may run now; True when it stays blocked."""
-        reason = self._quota_reason(job) or self._backfill_reason(job)
-        if reason is not None:
-            self.result.pending.append(Pending(job, reason))
+        quota = self._quota_reason(job)
+        if quota is not None:
+            self.result.pending.append(Pending(job, quota, PendingKind.QUOTA))
+            return True
+        backfill = self._backfill_reason(job)
+        if backfill is not None:
+            self.result.pending.append(Pending(job, backfill, PendingKind.BACKFILL))
             return True
         waited = max(0.0, self.now - job.submitted_at)
         gang = job.gang

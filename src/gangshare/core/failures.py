@@ -74,24 +74,19 @@ def classify_failure(signal: FailureSignal) -> Failure:
     if signal.terminated_reason == "OOMKilled":
         return Failure(FailureClass.USER, "OOMKilled", "worker exceeded its memory limit")
     code = signal.exit_code
+    what = signal.message or f"worker exited with code {code}"
     if code in SIGNAL_EXIT_CODES:
         return Failure(
-            FailureClass.INFRASTRUCTURE, "KilledBySignal", f"worker killed (exit code {code})"
+            FailureClass.INFRASTRUCTURE, "KilledBySignal", f"{what} (killed by a signal)"
         )
-    early = (
-        signal.seconds_since_start is not None
-        and signal.seconds_since_start < EARLY_FAILURE_SECONDS
-    )
-    if early:
-        return Failure(
-            FailureClass.USER,
-            "ErrorExitEarly",
-            f"worker exited with code {code} after {signal.seconds_since_start:.0f}s",
-        )
+    ran = signal.seconds_since_start
+    if ran is not None and ran < EARLY_FAILURE_SECONDS:
+        return Failure(FailureClass.USER, "ErrorExitEarly", f"{what} after {ran:.0f}s")
+    after = "" if ran is None else f" after {ran:.0f}s"
     return Failure(
         FailureClass.INFRASTRUCTURE,
         "ErrorExitLate",
-        f"worker exited with code {code} after a long run; retried as infrastructure",
+        f"{what}{after}; a late failure is retried as infrastructure",
     )
 
 

@@ -1,6 +1,7 @@
 """A real local Kubernetes control plane with simulated GPU nodes.
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK run as
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK, and gangshare's
+extender with its own kube-scheduler (gangshare-scheduler) run as
 local processes on free loopback ports under one state folder; every log goes
 to `<root>/logs/`. Nodes come from a cluster spec (the core's `NodeSpec`s).
 """
@@ -21,6 +22,7 @@ import yaml
 
 from gangshare.core.spec import NodeSpec
 from gangshare.dev import components, processes
+from gangshare.dev.binaries import repo_root
 from gangshare.dev.components import Layout, Ports
 from gangshare.dev.pki import Credentials, generate_credentials
 from gangshare.kube.nodes import node_manifest
@@ -81,12 +83,7 @@ class LocalCluster:
 
     # ----- lifecycle -----------------------------------------------------------------------
 
-    def up(
-        self,
-        nodes: list[NodeSpec],
-        extenders: list[dict[str, Any]] | None = None,
-        timeout: float = 180.0,
-    ) -> ClusterState:
+    def up(self, nodes: list[NodeSpec], timeout: float = 180.0) -> ClusterState:
         existing = self.layout.state
         if existing.exists() and any(
             processes.Child(n, p, Path()).alive() for n, p in self._recorded_pids().items()
@@ -97,25 +94,27 @@ class LocalCluster:
             )
         self.layout.root.mkdir(parents=True, exist_ok=True)
         try:
-            return self._start(nodes, extenders, time.monotonic() + timeout)
+            return self._start(nodes, time.monotonic() + timeout)
         except BaseException:
             self.down()
             raise
 
-    def _start(
-        self, nodes: list[NodeSpec], extenders: list[dict[str, Any]] | None, deadline: float
-    ) -> ClusterState:
+    def _start(self, nodes: list[NodeSpec], deadline: float) -> ClusterState:
         layout = self.layout
         creds = self._creds = generate_credentials(layout.pki)
-        ports = Ports(*(processes.free_port() for _ in range(6)))
+        ports = Ports(*(processes.free_port() for _ in range(8)))
         server = f"https://127.0.0.1:{ports.apiserver}"
         layout.kubeconfig.write_text(
             yaml.safe_dump(components.kubeconfig(server, creds), sort_keys=False)
         )
         layout.scheduler_config.write_text(
-            yaml.safe_dump(
-                components.scheduler_config(layout.kubeconfig, extenders), sort_keys=False
-            )
+            yaml.safe_dump(components.scheduler_config(layout.kubeconfig), sort_keys=False)
+        )
+        gangshare_config = components.gangshare_scheduler_config(
+            repo_root() / "extender" / "scheduler-config.yaml", layout.kubeconfig, ports.extender
+        )
+        layout.gangshare_scheduler_config.write_text(
+            yaml.safe_dump(gangshare_config, sort_keys=False)
         )
         layout.kwok_config.write_text(components.kwok_config())
         self.state = ClusterState(
@@ -145,7 +144,11 @@ class LocalCluster:
             "kube-controller-manager",
             components.controller_manager_argv(self.bins, layout, creds, ports),
         )
-        self._spawn("kube-scheduler", components.scheduler_argv(self.bins, layout, ports))
+        self._spawn(
+            "kube-scheduler",
+            components.scheduler_argv(self.bins, layout, layout.scheduler_config, ports.scheduler),
+        )
+        self._spawn("gangshare-extender", components.extender_argv(layout, ports))
         self._spawn("kwok", components.kwok_argv(self.bins, layout, ports))
         insecure = _insecure()
         self._wait(
@@ -162,6 +165,23 @@ class LocalCluster:
             "kwok",
             deadline,
             lambda: _get(f"http://127.0.0.1:{ports.kwok}/healthz", insecure) == 200,
+        )
+        self._wait(
+            "gangshare-extender",
+            deadline,
+            lambda: _get(f"http://127.0.0.1:{ports.extender}/readyz", insecure) == 200,
+        )
+        # gangshare's own kube-scheduler starts once the extender it calls is ready.
+        self._spawn(
+            "gangshare-scheduler",
+            components.scheduler_argv(
+                self.bins, layout, layout.gangshare_scheduler_config, ports.gangshare_scheduler
+            ),
+        )
+        self._wait(
+            "gangshare-scheduler",
+            deadline,
+            lambda: _get(f"https://127.0.0.1:{ports.gangshare_scheduler}/healthz", insecure) == 200,
         )
 
         api = self.core_api()

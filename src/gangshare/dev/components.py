@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,16 +26,11 @@ class Ports:
     scheduler: int
     controller_manager: int
     kwok: int
+    extender: int
+    gangshare_scheduler: int
 
     def all(self) -> list[int]:
-        return [
-            self.etcd,
-            self.etcd_peer,
-            self.apiserver,
-            self.scheduler,
-            self.controller_manager,
-            self.kwok,
-        ]
+        return list(asdict(self).values())
 
 
 @dataclass
@@ -47,6 +43,7 @@ class Layout:
     etcd_data: Path = field(init=False)
     kubeconfig: Path = field(init=False)
     scheduler_config: Path = field(init=False)
+    gangshare_scheduler_config: Path = field(init=False)
     kwok_config: Path = field(init=False)
     state: Path = field(init=False)
 
@@ -56,6 +53,7 @@ class Layout:
         self.etcd_data = self.root / "etcd"
         self.kubeconfig = self.root / "kubeconfig"
         self.scheduler_config = self.root / "scheduler-config.yaml"
+        self.gangshare_scheduler_config = self.root / "gangshare-scheduler-config.yaml"
         self.kwok_config = self.root / "kwok.yaml"
         self.state = self.root / "state.json"
 
@@ -74,22 +72,26 @@ def kubeconfig(server: str, creds: Credentials) -> dict[str, Any]:
     }
 
 
-def scheduler_config(
-    kubeconfig_path: Path, extenders: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """One kube-scheduler, two profiles: the default one and gangshare's."""
-    config: dict[str, Any] = {
+def scheduler_config(kubeconfig_path: Path) -> dict[str, Any]:
+    """The cluster's default kube-scheduler: the stock profile only."""
+    return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig_path), "qps": 200, "burst": 400},
         "leaderElection": {"leaderElect": False},
-        "profiles": [
-            {"schedulerName": "default-scheduler"},
-            {"schedulerName": GANGSHARE_SCHEDULER},
-        ],
+        "profiles": [{"schedulerName": "default-scheduler"}],
     }
-    if extenders:
-        config["extenders"] = extenders
+
+
+def gangshare_scheduler_config(
+    template: Path, kubeconfig_path: Path, extender_port: int
+) -> dict[str, Any]:
+    """extender/scheduler-config.yaml, pointed at this cluster and the extender's loopback port."""
+    config: dict[str, Any] = yaml.safe_load(template.read_text())
+    config["clientConnection"]["kubeconfig"] = str(kubeconfig_path)
+    config["leaderElection"] = {"leaderElect": False}
+    for extender in config.get("extenders") or []:
+        extender["urlPrefix"] = f"http://127.0.0.1:{extender_port}/"
     return config
 
 
@@ -176,16 +178,28 @@ def controller_manager_argv(
     ]
 
 
-def scheduler_argv(bins: Path, layout: Layout, ports: Ports) -> list[str]:
+def scheduler_argv(bins: Path, layout: Layout, config: Path, port: int) -> list[str]:
     kc = str(layout.kubeconfig)
     return [
         str(bins / "kube-scheduler"),
-        f"--config={layout.scheduler_config}",
+        f"--config={config}",
         f"--authentication-kubeconfig={kc}",
         f"--authorization-kubeconfig={kc}",
         "--bind-address=127.0.0.1",
-        f"--secure-port={ports.scheduler}",
+        f"--secure-port={port}",
         "--v=2",
+    ]
+
+
+def extender_argv(layout: Layout, ports: Ports) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gangshare.cli",
+        "extender",
+        f"--kubeconfig={layout.kubeconfig}",
+        "--host=127.0.0.1",
+        f"--port={ports.extender}",
     ]
 
 

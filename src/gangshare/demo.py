@@ -1,0 +1,177 @@
+"""`gangshare demo`: the whole system on one machine, start to finish.
+
+Starts the local control plane with the embedded demo cluster (simulated GPU
+nodes), installs the CRD, runs the operator, applies the sample TrainingJobs
+from examples/ (plus a burst of extra gangs, so some must queue), and prints a
+status table until every job has finished. KWOK plays the kubelet: each worker
+"runs" for a few seconds, marked by annotations the demo adds to the template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangshare.dev import binaries, processes
+from gangshare.dev.cli import load_nodes
+from gangshare.dev.cluster import ClusterError, LocalCluster
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def add_demo_command(commands: Any) -> None:
+    demo = commands.add_parser(
+        "demo", help="local cluster + operator + sample TrainingJobs, with a status table"
+    )
+    demo.add_argument("--examples", type=Path, default=None, help="folder of TrainingJob manifests")
+    demo.add_argument("--burst", type=int, default=3, help="extra 2x8-GPU gangs to make jobs queue")
+    demo.add_argument(
+        "--run-seconds", type=int, default=6, help="how long each simulated worker runs"
+    )
+    demo.add_argument("--timeout", type=float, default=300.0)
+    demo.set_defaults(run=run_demo)
+
+
+def demo_jobs(folder: Path, burst: int, run_seconds: int) -> list[dict[str, Any]]:
+    jobs = [yaml.safe_load(p.read_text()) for p in sorted(folder.glob("*.yaml"))]
+    template = next(
+        (j for j in jobs if j["spec"]["workers"] * j["spec"]["gpusPerWorker"] >= 16), None
+    )
+    for i in range(burst if template is not None else 0):
+        assert template is not None
+        extra = yaml.safe_load(yaml.safe_dump(template))
+        extra["metadata"]["name"] = f"{template['metadata']['name']}-burst-{i}"
+        jobs.append(extra)
+    for position, job in enumerate(jobs):
+        meta = job["spec"]["template"].setdefault("metadata", {})
+        meta.setdefault("annotations", {}).update(
+            {
+                "gangshare.io/kwok-exit-code": "0",
+                "gangshare.io/kwok-run-for": f"{run_seconds + (position % 3) * 2}s",
+            }
+        )
+    return jobs
+
+
+def status_table(jobs: list[dict[str, Any]]) -> str:
+    header = (
+        f"{'JOB':<28}{'CLASS':<15}{'QUEUE':<10}{'GANG':<7}{'PHASE':<12}{'WAIT':>6}  NODES (GPUS)"
+    )
+    lines = [header]
+    for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
+        spec, status = job["spec"], job.get("status") or {}
+        placement = status.get("placement") or []
+        where = ", ".join(f"{w['node']}({','.join(map(str, w['gpus']))})" for w in placement)
+        if not where and status.get("phase") not in TERMINAL:
+            where = (status.get("message") or "")[:60]
+        wait = status.get("queueWaitSeconds")
+        gang = f"{spec['workers']}x{spec['gpusPerWorker']}"
+        lines.append(
+            f"{job['metadata']['name']:<28}{spec.get('serviceClass', 'Guaranteed'):<15}"
+            f"{spec.get('queue', ''):<10}{gang:<7}{status.get('phase', '-'):<12}"
+            f"{'' if wait is None else f'{wait:.0f}s':>6}  {where}"
+        )
+    return "\n".join(lines)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    folder = args.examples or binaries.repo_root() / "examples" / "trainingjobs"
+    repo = binaries.repo_root()
+    bins = binaries.bin_dir(build=True)
+    root = Path(tempfile.mkdtemp(prefix="gangshare-demo-"))
+    cluster = LocalCluster(root / "cluster", bins, attached=True)
+    operator = None
+    try:
+        print(
+            f"starting the local control plane (logs: {root / 'cluster' / 'logs'}) ...", flush=True
+        )
+        state = cluster.up(load_nodes(None))
+        kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
+        print(
+            subprocess.run(
+                [*kubectl, "get", "nodes", "-L", "gangshare.io/rack,nvidia.com/gpu.product"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        subprocess.run(
+            [*kubectl, "apply", "-f", str(repo / "crds" / "trainingjob.yaml")],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", "crd/trainingjobs.gangshare.io"],
+            check=True,
+            capture_output=True,
+        )
+        operator = processes.start(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "gangshare.cli",
+                "operator",
+                "--kubeconfig",
+                state.kubeconfig,
+                "--liveness",
+                f"http://127.0.0.1:{processes.free_port()}/healthz",
+                "--cycle-interval",
+                "0.5",
+            ],
+            root / "cluster" / "logs",
+            attached=True,
+        )
+        jobs = demo_jobs(folder, args.burst, args.run_seconds)
+        manifest = "\n---\n".join(yaml.safe_dump(j) for j in jobs)
+        subprocess.run(
+            [*kubectl, "apply", "-f", "-"],
+            input=manifest,
+            text=True,
+            check=True,
+            capture_output=True,
+        )
+        print(
+            f"applied {len(jobs)} TrainingJobs from {folder} (+{args.burst} burst gangs)\n",
+            flush=True,
+        )
+        return _watch(kubectl, len(jobs), args.timeout)
+    except (ClusterError, binaries.BinariesError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", "") or ""
+        print(f"error: {err} {detail}".strip(), file=sys.stderr)
+        return 1
+    finally:
+        if operator is not None:
+            processes.stop([operator])
+        cluster.down()
+        print("local control plane stopped")
+
+
+def _watch(kubectl: list[str], expected: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = subprocess.run(
+            [*kubectl, "get", "tj", "-o", "yaml"], capture_output=True, text=True, check=True
+        )
+        jobs = yaml.safe_load(raw.stdout)["items"]
+        print(status_table(jobs), flush=True)
+        done = [j for j in jobs if (j.get("status") or {}).get("phase") in TERMINAL]
+        if len(done) == expected:
+            failed = [j["metadata"]["name"] for j in done if j["status"]["phase"] == "Failed"]
+            print(f"\nall {expected} jobs finished; failed: {failed or 'none'}")
+            return 1 if failed else 0
+        if time.monotonic() > deadline:
+            print(
+                f"\ntimed out after {timeout:.0f}s with {expected - len(done)} jobs unfinished",
+                file=sys.stderr,
+            )
+            return 1
+        print(flush=True)
+        time.sleep(3)

@@ -1,0 +1,201 @@
+"""The extender's HTTP surface: POST /filter, /prioritize, /bind; /healthz, /readyz, /metrics.
+
+A malformed or oversized request gets a 4xx with a JSON error that names what is
+wrong. A request that is well-formed but cannot be served (a pod with a broken
+annotation, an internal failure) is answered with `Error` set, which kube-scheduler
+turns into a FailedScheduling event on the pod; the failure is logged with the pod.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from gangshare.extender.binder import Binder, BindError
+from gangshare.extender.cache import ClusterCache
+from gangshare.extender.decisions import (
+    BadPod,
+    filter_nodes,
+    gpus_for_bind,
+    pod_ask,
+    prioritize_nodes,
+)
+from gangshare.extender.metrics import ExtenderMetrics
+from gangshare.extender.wire import (
+    MAX_BODY_BYTES,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    filter_result,
+    priority_list,
+)
+
+log = logging.getLogger("gangshare.extender")
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _field(location: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in location) or "body"
+
+
+async def read_model(request: Request, model: type[Model]) -> Model:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RequestError(413, f"body: {declared} bytes is over the {MAX_BODY_BYTES}-byte limit")
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestError(413, f"body: {len(body)} bytes is over the {MAX_BODY_BYTES}-byte limit")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise RequestError(400, f"body: not valid JSON ({err})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise RequestError(422, f"{_field(first['loc'])}: {first['msg']}") from None
+
+
+def _pod_name(args: ExtenderArgs) -> str:
+    return f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+
+
+def create_app(cache: ClusterCache, binder: Binder | None, metrics: ExtenderMetrics) -> FastAPI:
+    app = FastAPI(
+        title="gangshare scheduler extender", docs_url=None, redoc_url=None, openapi_url=None
+    )
+
+    @app.exception_handler(RequestError)
+    async def rejected(request: Request, err: RequestError) -> JSONResponse:
+        verb = request.url.path.strip("/") or "unknown"
+        metrics.requests.labels(verb, "rejected").inc()
+        return JSONResponse({"error": err.message}, status_code=err.status)
+
+    def answer(verb: str, started: float, payload: Any, result: str = "ok") -> JSONResponse:
+        metrics.requests.labels(verb, result).inc()
+        metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        return JSONResponse(payload)
+
+    @app.post("/filter")
+    async def filter_(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        args = await read_model(request, ExtenderArgs)
+        names = args.node_names()
+        try:
+            ask = pod_ask(args.Pod.model_dump())
+            if ask is None:
+                return answer("filter", started, filter_result(args, names, {}, {}))
+            with cache.lock:
+                passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names)
+        except BadPod as err:
+            log.warning("filter %s: %s", _pod_name(args), err)
+            return answer(
+                "filter", started, filter_result(args, [], {}, {}, f"pod annotation {err}"), "error"
+            )
+        except Exception as err:
+            log.exception("filter %s failed", _pod_name(args))
+            return answer(
+                "filter",
+                started,
+                filter_result(args, [], {}, {}, f"internal error: {err}"),
+                "error",
+            )
+        metrics.nodes.labels("passed").inc(len(passed))
+        metrics.nodes.labels("failed").inc(len(failed))
+        metrics.nodes.labels("unresolvable").inc(len(unresolvable))
+        return answer("filter", started, filter_result(args, passed, failed, unresolvable))
+
+    @app.post("/prioritize")
+    async def prioritize(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        args = await read_model(request, ExtenderArgs)
+        names = args.node_names()
+        try:
+            ask = pod_ask(args.Pod.model_dump())
+            if ask is None:
+                return answer("prioritize", started, priority_list([(n, 0) for n in names]))
+            with cache.lock:
+                scores = prioritize_nodes(cache.cluster, ask, names)
+        except Exception:
+            # Scores are advice: on failure every node scores 0 and filter/bind still decide.
+            log.exception("prioritize %s failed; scoring 0", _pod_name(args))
+            return answer("prioritize", started, priority_list([(n, 0) for n in names]), "error")
+        return answer("prioritize", started, priority_list(scores))
+
+    @app.post("/bind")
+    async def bind(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        args = await read_model(request, ExtenderBindingArgs)
+        who = f"{args.PodNamespace}/{args.PodName}"
+        if binder is None:
+            return answer(
+                "bind", started, {"Error": "binding is disabled in this extender"}, "error"
+            )
+        try:
+            error = await run_in_threadpool(_bind, cache, binder, args)
+        except Exception as err:
+            log.exception("bind %s failed", who)
+            error = f"internal error: {err}"
+        metrics.assumed.set(cache.assumed_count())
+        if error:
+            log.warning("bind %s to %s: %s", who, args.Node, error)
+        return answer("bind", started, {"Error": error}, "error" if error else "ok")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if cache.ready:
+            return JSONResponse({"status": "ready", "nodes": len(cache.cluster.nodes)})
+        return JSONResponse({"status": "cache not synced yet"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        metrics.cache_nodes.set(len(cache.cluster.nodes))
+        metrics.assumed.set(cache.assumed_count())
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _bind(cache: ClusterCache, binder: Binder, args: ExtenderBindingArgs) -> str:
+    """Pick GPUs, hold them on assumption, record them on the pod, bind. Returns an error or ''."""
+    pod = binder.read_pod(args.PodNamespace, args.PodName)
+    if args.PodUID and pod["metadata"].get("uid") != args.PodUID:
+        return f"pod {args.PodNamespace}/{args.PodName} was replaced (uid changed); not binding"
+    try:
+        ask = pod_ask(pod)
+    except BadPod as err:
+        return f"pod annotation {err}"
+    if ask is None:
+        gpus: tuple[int, ...] = ()
+    else:
+        with cache.lock:
+            chosen = gpus_for_bind(cache.cluster, ask, args.Node)
+            if isinstance(chosen, str):
+                return chosen
+            gpus = chosen
+            cache.assume(ask.owner, args.Node, gpus, ask.request)
+    try:
+        binder.record_and_bind(pod, args.Node, gpus)
+    except BindError as err:
+        if ask is not None:
+            cache.forget(ask.owner)
+        return str(err)
+    return ""

@@ -1,0 +1,155 @@
+"""The TrainingJob resource as the operator reads it: spec parsing into core objects.
+
+The CRD schema and its CEL rules reject most bad input at the API server; this
+is the second line (quantities, cross-field sense) and its errors name the field
+so they can land in a Failed condition instead of a crash loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gangshare.core.job import GangRequest, ServiceClass, Topology, TopologyPolicy, TopologyScope
+from gangshare.core.queueing import QueuedJob
+from gangshare.kube.quantity import QuantityError, to_mib
+
+GROUP = "gangshare.io"
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+KIND = "TrainingJob"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_SLOWDOWN_TOLERANCE = 0.05
+MAX_NAME_LENGTH = 45
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator cannot run; the message starts with the field path."""
+
+
+@dataclass(frozen=True)
+class TrainingJobSpec:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    service_class: ServiceClass
+    queue: str
+    priority: int
+    workers: int
+    gpus_per_worker: int
+    gpu_memory_mib: int | None
+    gpu_model: str | None
+    topology: Topology
+    runtime_estimate_seconds: float | None
+    max_retries: int
+    ttl_seconds_after_finished: int | None
+    slowdown_tolerance: float
+    template: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+    def gang(self) -> GangRequest:
+        return GangRequest(
+            self.key,
+            self.workers,
+            self.gpus_per_worker,
+            self.service_class,
+            self.topology,
+            self.gpu_memory_mib,
+            self.gpu_model,
+        )
+
+    def queued(self, submitted_at: float, runtime_estimate: float | None = None) -> QueuedJob:
+        return QueuedJob(
+            self.key,
+            self.gang(),
+            submitted_at,
+            self.queue,
+            self.priority,
+            runtime_estimate if runtime_estimate is not None else self.runtime_estimate_seconds,
+        )
+
+
+def _int(spec: dict[str, Any], field: str, default: int | None, low: int, high: int) -> int | None:
+    value = spec.get(field, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"spec.{field}: must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidSpec(f"spec.{field}: must be between {low} and {high}, got {value}")
+    return value
+
+
+def _enum(raw: Any, field: str, kind: type[Any], default: Any) -> Any:
+    try:
+        return kind(raw if raw is not None else default)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise InvalidSpec(f"{field}: must be one of {allowed}, got {raw!r}") from None
+
+
+def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise InvalidSpec("spec: required")
+    name = str(meta.get("name", ""))
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidSpec(f"metadata.name: at most {MAX_NAME_LENGTH} characters")
+    service_class = _enum(spec.get("serviceClass"), "spec.serviceClass", ServiceClass, "Guaranteed")
+    topo = spec.get("topology") or {}
+    topology = Topology(
+        _enum(topo.get("policy"), "spec.topology.policy", TopologyPolicy, "Preferred"),
+        _enum(topo.get("scope"), "spec.topology.scope", TopologyScope, "NVLink"),
+        _int(topo, "relaxAfterSeconds", None, 0, 604800) if "relaxAfterSeconds" in topo else None,
+    )
+    memory = None
+    if spec.get("gpuMemory") is not None:
+        if service_class is not ServiceClass.OPPORTUNISTIC:
+            raise InvalidSpec("spec.gpuMemory: only Opportunistic jobs set gpuMemory")
+        try:
+            memory = to_mib(spec["gpuMemory"], "spec.gpuMemory")
+        except QuantityError as err:
+            raise InvalidSpec(str(err)) from None
+    template = spec.get("template")
+    containers = (
+        (template or {}).get("spec", {}).get("containers") if isinstance(template, dict) else None
+    )
+    if not isinstance(containers, list) or not containers:
+        raise InvalidSpec("spec.template.spec.containers: at least one container is required")
+    tolerance = spec.get("slowdownTolerance", DEFAULT_SLOWDOWN_TOLERANCE)
+    if not isinstance(tolerance, int | float) or not 0 <= tolerance <= 1:
+        raise InvalidSpec(f"spec.slowdownTolerance: must be between 0 and 1, got {tolerance!r}")
+    estimate = _int(spec, "runtimeEstimateSeconds", None, 1, 31536000)
+    return TrainingJobSpec(
+        namespace=str(meta.get("namespace", "")),
+        name=name,
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation", 0)),
+        service_class=service_class,
+        queue=str(spec.get("queue", "default")),
+        priority=_int(spec, "priority", 0, -1000000, 1000000) or 0,
+        workers=_int(spec, "workers", None, 1, 1024) or _missing("spec.workers"),
+        gpus_per_worker=_int(spec, "gpusPerWorker", None, 1, 64) or _missing("spec.gpusPerWorker"),
+        gpu_memory_mib=memory,
+        gpu_model=spec.get("gpuModel") or None,
+        topology=topology,
+        runtime_estimate_seconds=float(estimate) if estimate is not None else None,
+        max_retries=_int(spec, "maxRetries", 3, 0, 100) or 0,
+        ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, 31536000),
+        slowdown_tolerance=float(tolerance),
+        template=template if isinstance(template, dict) else {},
+    )
+
+
+def _missing(field: str) -> int:
+    raise InvalidSpec(f"{field}: required")

@@ -1,0 +1,59 @@
+"""kopf wiring: watches turn into reconciles and scheduler pokes. No decisions here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from gangshare.core.annotations import JOB_LABEL
+from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
+from gangshare.operator.reconcile import Reconciler
+from gangshare.operator.scheduler import SchedulerLoop
+
+log = logging.getLogger("gangshare.operator")
+
+
+def build_registry(reconciler: Reconciler, loop: SchedulerLoop) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # An explicit registry lacks kopf's default login handlers: in-cluster, then KUBECONFIG.
+        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+        return info or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # gangshare posts its own CamelCase events; kopf's handler chatter would bury them.
+        settings.posting.enabled = False
+        settings.execution.max_workers = 8
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+
+    def reconcile_quietly(namespace: str, name: str) -> None:
+        try:
+            reconciler.reconcile(namespace, name)
+        except Exception:  # the scheduler's resync retries; a watch event must never be fatal
+            log.exception("reconcile of %s/%s failed; will retry", namespace, name)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+        if type != "DELETED" and namespace:
+            reconcile_quietly(namespace, name)
+        loop.poke()
+
+    @kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
+    def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        if namespace:
+            reconcile_quietly(namespace, labels[JOB_LABEL])
+        loop.poke()
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(type: str, **_: Any) -> None:
+        if type in ("ADDED", "DELETED"):
+            loop.poke()
+
+    return registry

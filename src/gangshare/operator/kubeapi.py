@@ -1,0 +1,196 @@
+"""The operator's only door to the API server: plain dicts in and out, errors sorted by kind.
+
+Temporary errors (conflicts, timeouts, 5xx) are retried by the caller's next pass;
+permanent ones (422 on a pod we built from the user's template) end the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import uuid
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from gangshare.core.annotations import JOB_LABEL
+from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, PLURAL, VERSION
+
+REPORTING_CONTROLLER = "gangshare.io/operator"
+
+
+class Conflict(Exception):
+    """The object changed since it was read; reconcile again from a fresh read."""
+
+
+class Invalid(Exception):
+    """The API server refused an object as invalid (HTTP 422): retrying cannot help."""
+
+
+def connect(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig
+        )
+        return api
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.events = client.EventsV1Api(api_client)
+        self.instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+    # ----- reads ------------------------------------------------------------------
+
+    @staticmethod
+    def _items(response: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = json.loads(response.data)["items"]
+        return items
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self._items(self.core.list_node(_preload_content=False))
+
+    def list_live_pods(self) -> list[dict[str, Any]]:
+        selector = "status.phase!=Succeeded,status.phase!=Failed"
+        return self._items(
+            self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False)
+        )
+
+    def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self._items(
+            self.core.list_namespaced_pod(
+                namespace, label_selector=f"{JOB_LABEL}={job}", _preload_content=False
+            )
+        )
+
+    def has_service(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.read_namespaced_service(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        result = cast(
+            dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        )
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            job = cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return job
+
+    # ----- writes ------------------------------------------------------------------
+
+    def patch_job_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch status, conditional on the resourceVersion the decision was made from."""
+        meta = job["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        try:
+            patched = cast(
+                dict[str, Any],
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], body
+                ),
+            )
+        except ApiException as err:
+            if err.status in (404, 409):
+                raise Conflict(f"{meta['namespace']}/{meta['name']} changed; will retry") from None
+            raise
+        return patched
+
+    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> bool:
+        """Create a Pod or Service; False when it already exists (creation is idempotent)."""
+        try:
+            if kind == "Pod":
+                self.core.create_namespaced_pod(namespace, cast(Any, body))
+            else:
+                self.core.create_namespaced_service(namespace, cast(Any, body))
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            if err.status == 422:
+                raise Invalid(_api_message(err)) from None
+            raise
+        return True
+
+    def lift_gate(self, namespace: str, pod: str) -> None:
+        try:
+            self.core.patch_namespaced_pod(pod, namespace, {"spec": {"schedulingGates": None}})
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def delete_pod(self, namespace: str, pod: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(pod, namespace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def post_event(
+        self, job: dict[str, Any], kind: str, reason: str, message: str, action: str
+    ) -> None:
+        meta = job["metadata"]
+        now = datetime.now(UTC)
+        event = client.EventsV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
+            ),
+            event_time=now,
+            type=kind,
+            reason=reason,
+            note=message[:1024],
+            action=action,
+            reporting_controller=REPORTING_CONTROLLER,
+            reporting_instance=self.instance,
+            regarding=client.V1ObjectReference(
+                api_version=API_VERSION,
+                kind=KIND,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+            ),
+        )
+        # An event is a courtesy; never let it fail a reconcile.
+        with contextlib.suppress(ApiException):
+            self.events.create_namespaced_event(meta["namespace"], event)
+
+
+def _api_message(err: ApiException) -> str:
+    try:
+        message: str = json.loads(err.body or "{}").get("message") or str(err.reason)
+    except (ValueError, AttributeError):
+        message = str(err.reason)
+    return message

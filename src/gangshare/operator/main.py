@@ -1,0 +1,120 @@
+"""`gangshare operator`: the global scheduler as a kopf operator."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+from typing import Any
+
+from gangshare.core.clock import WallClock
+from gangshare.core.queueing import Ordering, QueuePolicy
+
+
+def add_operator_command(commands: Any) -> None:
+    op = commands.add_parser(
+        "operator", help="run the TrainingJob operator (gang admission, lifecycle)"
+    )
+    env = os.environ.get
+    op.add_argument(
+        "--kubeconfig", default=env("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config"
+    )
+    op.add_argument(
+        "--liveness",
+        default=env("GANGSHARE_LIVENESS", "http://0.0.0.0:8080/healthz"),
+        help="kopf liveness endpoint URL",
+    )
+    op.add_argument(
+        "--scheduler-name", default=env("GANGSHARE_SCHEDULER_NAME", "gangshare-scheduler")
+    )
+    op.add_argument(
+        "--cycle-interval", type=float, default=float(env("GANGSHARE_CYCLE_INTERVAL", "1.0"))
+    )
+    op.add_argument(
+        "--ordering",
+        choices=[o.value for o in Ordering],
+        default=env("GANGSHARE_ORDERING", "Priority"),
+    )
+    op.add_argument(
+        "--small-job-max-gpus",
+        type=int,
+        default=None,
+        help="multi-queue: jobs with at most this many GPUs wait in their own lane",
+    )
+    op.add_argument("--fair-share", action="store_true", help="serve queues by usage/weight")
+    op.add_argument(
+        "--backfill", action="store_true", help="EASY backfill with predicted run times"
+    )
+    op.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="QUEUE=GPUS",
+        help="guaranteed GPU quota of a queue (repeatable)",
+    )
+    op.add_argument("--user-error-retries", type=int, default=0)
+    op.add_argument(
+        "--backoff-base-seconds",
+        type=float,
+        default=10.0,
+        help="first gang-restart delay; doubles per restart up to 10 minutes",
+    )
+    op.add_argument("--verbose", action="store_true")
+    op.set_defaults(run=run_operator)
+
+
+def parse_quotas(values: list[str]) -> dict[str, int]:
+    quotas = {}
+    for value in values:
+        queue, _, amount = value.partition("=")
+        if not queue or not amount.isdigit():
+            raise SystemExit(f"error: --quota {value!r}: expected QUEUE=GPUS, e.g. research=16")
+        quotas[queue] = int(amount)
+    return quotas
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from gangshare.operator.handlers import build_registry
+    from gangshare.operator.kubeapi import KubeApi, connect
+    from gangshare.operator.reconcile import OperatorOptions, Reconciler
+    from gangshare.operator.scheduler import SchedulerLoop
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it
+    policy = QueuePolicy(
+        ordering=Ordering(args.ordering),
+        small_job_max_gpus=args.small_job_max_gpus,
+        fair_share=args.fair_share,
+        backfill=args.backfill,
+        quotas=parse_quotas(args.quota),
+    )
+    api = KubeApi(connect(args.kubeconfig))
+    clock = WallClock()
+    options = OperatorOptions(
+        scheduler_name=args.scheduler_name,
+        user_error_retries=args.user_error_retries,
+        backoff_base_seconds=args.backoff_base_seconds,
+        pod_create_delay=float(os.environ.get("GANGSHARE_FAULT_POD_CREATE_DELAY", "0") or 0),
+    )
+    reconciler = Reconciler(api, clock, options)
+    loop = SchedulerLoop(api, reconciler, policy, clock, args.cycle_interval)
+    thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
+    thread.start()
+    try:
+        kopf.run(
+            registry=build_registry(reconciler, loop),
+            clusterwide=True,
+            standalone=True,
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        loop.stop()
+        thread.join(timeout=10)
+    return 0

@@ -1,0 +1,151 @@
+"""Worker pods and the headless Service of an admitted gang (pure: manifests as dicts).
+
+Each pod is created behind a scheduling gate with its planned node and GPUs
+recorded on it; the operator lifts every gate only once the whole gang exists.
+A nodeSelector on the planned node makes the plan binding even for a
+kube-scheduler profile without gangshare's extender.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gangshare.core.annotations import (
+    CLASS_LABEL,
+    GPU_RESOURCE,
+    JOB_LABEL,
+    POD_GPU_MEMORY,
+    POD_PLANNED_GPUS,
+    POD_PLANNED_NODE,
+    RANK_LABEL,
+    SHARE_RESOURCE,
+    encode_gpu_indices,
+)
+from gangshare.core.job import ServiceClass
+from gangshare.kube.trainingjob import API_VERSION, KIND, TrainingJobSpec
+
+GANG_GATE = "gangshare.io/gang"
+ATTEMPT_LABEL = "gangshare.io/attempt"
+SCHEDULER_NAME = "gangshare-scheduler"
+MASTER_PORT = 29500
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def pod_name(job: TrainingJobSpec, rank: int) -> str:
+    return f"{job.name}-worker-{rank}"
+
+
+def owner_reference(job: TrainingJobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def rendezvous_env(job: TrainingJobSpec, rank: int) -> dict[str, str]:
+    """What torchrun and PyTorch DDP's env:// expect, plus torchrun's own PET_* arguments."""
+    master = f"{pod_name(job, 0)}.{job.name}.{job.namespace}.svc"
+    env = {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(MASTER_PORT),
+        # One process per GPU: the world is every GPU of the gang.
+        "WORLD_SIZE": str(job.total_gpus),
+        # The global rank of this pod's first process (the pod's rank when it has one GPU).
+        "RANK": str(rank * job.gpus_per_worker),
+        "NODE_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(job.gpus_per_worker),
+        "PET_NNODES": str(job.workers),
+        "PET_NPROC_PER_NODE": str(job.gpus_per_worker),
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": str(MASTER_PORT),
+        "GANGSHARE_JOB": job.key,
+        "GANGSHARE_SERVICE_CLASS": job.service_class.value,
+    }
+    if job.gpu_memory_mib is not None:
+        env["GANGSHARE_GPU_MEMORY_MIB"] = str(job.gpu_memory_mib)
+    return env
+
+
+def worker_pod(
+    job: TrainingJobSpec,
+    rank: int,
+    node: str,
+    gpus: list[int],
+    attempt: int,
+    scheduler_name: str = SCHEDULER_NAME,
+) -> dict[str, Any]:
+    template = copy.deepcopy(job.template)
+    meta = template.get("metadata") or {}
+    spec = template["spec"]
+    labels = {
+        **(meta.get("labels") or {}),
+        JOB_LABEL: job.name,
+        RANK_LABEL: str(rank),
+        CLASS_LABEL: job.service_class.value,
+        ATTEMPT_LABEL: str(attempt),
+    }
+    annotations = {
+        **(meta.get("annotations") or {}),
+        POD_PLANNED_NODE: node,
+        POD_PLANNED_GPUS: encode_gpu_indices(gpus),
+    }
+    if job.gpu_memory_mib is not None:
+        annotations[POD_GPU_MEMORY] = str(job.gpu_memory_mib)
+    spec["schedulerName"] = scheduler_name
+    spec["schedulingGates"] = [{"name": GANG_GATE}]
+    spec["hostname"] = pod_name(job, rank)
+    spec["subdomain"] = job.name
+    # A gang restarts as a whole; a container restarting in place would hide the failure.
+    spec["restartPolicy"] = "Never"
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), HOSTNAME_LABEL: node}
+    resource = GPU_RESOURCE if job.service_class is ServiceClass.GUARANTEED else SHARE_RESOURCE
+    env = rendezvous_env(job, rank)
+    for position, container in enumerate(spec["containers"]):
+        if position == 0:
+            resources = container.setdefault("resources", {})
+            for kind in ("requests", "limits"):
+                amounts = dict(resources.get(kind) or {})
+                amounts.pop(GPU_RESOURCE, None)
+                amounts.pop(SHARE_RESOURCE, None)
+                amounts[resource] = str(job.gpus_per_worker)
+                resources[kind] = amounts
+        own = [e for e in container.get("env") or [] if e.get("name") not in env]
+        container["env"] = own + [{"name": k, "value": v} for k, v in env.items()]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(job, rank),
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
+def headless_service(job: TrainingJobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": job.name,
+            "namespace": job.namespace,
+            "labels": {JOB_LABEL: job.name},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: job.name},
+            # Workers must find each other before they report ready.
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT}],
+        },
+    }

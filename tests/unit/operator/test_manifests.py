@@ -1,0 +1,74 @@
+"""Worker pod manifests: GPUs, rendezvous environment, plan annotations, ownership."""
+
+from jobs import make_job
+
+from gangshare.kube.trainingjob import parse_trainingjob
+from gangshare.operator.manifests import worker_pod
+
+
+def env_of(pod):
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_guaranteed_worker_requests_whole_gpus_and_gets_torchrun_environment():
+    job = parse_trainingjob(make_job("llm").spec(workers=2, gpusPerWorker=8).build())
+    pod = worker_pod(job, 1, "h100-3", list(range(8)), attempt=2)
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    env = env_of(pod)
+    assert env["MASTER_ADDR"] == "llm-worker-0.llm.team.svc"
+    assert (env["WORLD_SIZE"], env["RANK"], env["NODE_RANK"], env["LOCAL_WORLD_SIZE"]) == (
+        "16",
+        "8",
+        "1",
+        "8",
+    )
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["PET_NODE_RANK"]) == ("2", "8", "1")
+    assert pod["metadata"]["labels"]["gangshare.io/attempt"] == "2"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-llm"
+    assert pod["spec"]["hostname"] == "llm-worker-1" and pod["spec"]["subdomain"] == "llm"
+    assert pod["spec"]["schedulerName"] == "gangshare-scheduler"
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_opportunistic_worker_requests_share_slots_and_records_its_memory():
+    job = parse_trainingjob(
+        make_job("nb").spec(serviceClass="Opportunistic", gpuMemory="8Gi").build()
+    )
+    pod = worker_pod(job, 0, "a100-0", [3], attempt=0)
+    assert pod["spec"]["containers"][0]["resources"]["requests"] == {"gangshare.io/gpu-share": "1"}
+    assert pod["metadata"]["annotations"]["gangshare.io/gpu-memory-mib"] == "8192"
+    assert env_of(pod)["GANGSHARE_GPU_MEMORY_MIB"] == "8192"
+
+
+def test_user_template_is_kept_but_gpu_requests_follow_the_spec():
+    template = {
+        "metadata": {"labels": {"team": "nlp"}, "annotations": {"note": "x"}},
+        "spec": {
+            "nodeSelector": {"disk": "ssd"},
+            "containers": [
+                {
+                    "name": "t",
+                    "image": "i",
+                    "env": [{"name": "MASTER_PORT", "value": "1"}, {"name": "A", "value": "b"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "99", "cpu": "4"}},
+                },
+                {"name": "sidecar", "image": "s"},
+            ],
+        },
+    }
+    job = parse_trainingjob(make_job("j").spec(gpusPerWorker=2, template=template).build())
+    pod = worker_pod(job, 0, "n-0", [0, 1], attempt=0)
+    assert (
+        pod["metadata"]["labels"]["team"] == "nlp" and pod["metadata"]["annotations"]["note"] == "x"
+    )
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd", "kubernetes.io/hostname": "n-0"}
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "4",
+        "nvidia.com/gpu": "2",
+    }
+    assert "resources" not in pod["spec"]["containers"][1]
+    assert env_of(pod)["MASTER_PORT"] == "29500" and env_of(pod)["A"] == "b"
+    assert (
+        template["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "99"
+    )  # not mutated

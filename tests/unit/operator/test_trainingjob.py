@@ -1,0 +1,54 @@
+"""TrainingJob parsing: the operator's own validation names the field."""
+
+import pytest
+from jobs import make_job
+
+from gangshare.core import ServiceClass, TopologyPolicy, TopologyScope
+from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
+
+
+def test_parses_into_core_objects():
+    job = parse_trainingjob(
+        make_job("llm")
+        .spec(
+            serviceClass="Opportunistic",
+            workers=2,
+            gpusPerWorker=4,
+            gpuMemory="8Gi",
+            topology={"policy": "Required", "scope": "Rack", "relaxAfterSeconds": 60},
+        )
+        .build()
+    )
+    gang = job.gang()
+    assert (gang.owner, gang.workers, gang.gpus_per_worker) == ("team/llm", 2, 4)
+    assert gang.service_class is ServiceClass.OPPORTUNISTIC and gang.gpu_memory_mib == 8192
+    assert (
+        gang.topology.policy is TopologyPolicy.REQUIRED
+        and gang.topology.scope is TopologyScope.RACK
+    )
+    assert gang.topology.relax_after_seconds == 60
+    assert job.total_gpus == 8
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"gpuMemory": "8Gi"}, "spec.gpuMemory: only Opportunistic jobs set gpuMemory"),
+        (
+            {"serviceClass": "Opportunistic", "gpuMemory": "lots"},
+            "spec.gpuMemory: 'lots' is not a quantity",
+        ),
+        ({"workers": 0}, "spec.workers: must be between 1 and 1024, got 0"),
+        ({"gpusPerWorker": "two"}, "spec.gpusPerWorker: must be an integer"),
+        ({"serviceClass": "Gold"}, "spec.serviceClass: must be one of Guaranteed, Opportunistic"),
+        (
+            {"template": {"spec": {"containers": []}}},
+            "spec.template.spec.containers: at least one container",
+        ),
+        ({"slowdownTolerance": 2}, "spec.slowdownTolerance: must be between 0 and 1"),
+    ],
+)
+def test_invalid_specs_name_the_field(fields, message):
+    with pytest.raises(InvalidSpec) as err:
+        parse_trainingjob(make_job().spec(**fields).build())
+    assert str(err.value).startswith(message)
