@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -200,6 +201,12 @@ def extender_argv(layout: Layout, ports: Ports) -> list[str]:
         f"--kubeconfig={layout.kubeconfig}",
         "--host=127.0.0.1",
         f"--port={ports.extender}",
+        # Debugging aid: GANGSHARE_EXTENDER_RECORD=DIR keeps what kube-scheduler sends.
+        *(
+            [f"--record={record}"]
+            if (record := os.environ.get("GANGSHARE_EXTENDER_RECORD"))
+            else []
+        ),
     ]
 
 

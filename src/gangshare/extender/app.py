@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -74,10 +75,21 @@ def _pod_name(args: ExtenderArgs) -> str:
     return f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
 
 
-def create_app(cache: ClusterCache, binder: Binder | None, metrics: ExtenderMetrics) -> FastAPI:
+def create_app(
+    cache: ClusterCache, binder: Binder | None, metrics: ExtenderMetrics, record: Path | None = None
+) -> FastAPI:
     app = FastAPI(
         title="gangshare scheduler extender", docs_url=None, redoc_url=None, openapi_url=None
     )
+
+    @app.middleware("http")
+    async def keep_first_request(request: Request, call_next: Any) -> Any:
+        # Debugging aid (--record): keep the first body of each verb, as kube-scheduler sent it.
+        if record is not None and request.method == "POST":
+            target = record / f"{request.url.path.strip('/')}-request.json"
+            if not target.exists():
+                target.write_bytes(await request.body())
+        return await call_next(request)
 
     @app.exception_handler(RequestError)
     async def rejected(request: Request, err: RequestError) -> JSONResponse:

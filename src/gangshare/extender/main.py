@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 
@@ -24,6 +25,12 @@ def add_extender_command(commands: Any) -> None:
         type=float,
         default=30.0,
         help="seconds a bind in flight holds its GPUs before the cache forgets it",
+    )
+    ext.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="debugging: save the first request body of each verb into this folder",
     )
     ext.add_argument("--verbose", action="store_true")
     ext.set_defaults(run=run_extender)
@@ -54,7 +61,9 @@ def run_extender(args: argparse.Namespace) -> int:
             cache.expire_assumptions()
 
     threading.Thread(target=expire, name="assume-expiry", daemon=True).start()
-    app = create_app(cache, Binder(api_client), ExtenderMetrics())
+    if args.record is not None:
+        args.record.mkdir(parents=True, exist_ok=True)
+    app = create_app(cache, Binder(api_client), ExtenderMetrics(), args.record)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     finally:

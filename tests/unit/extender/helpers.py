@@ -1,0 +1,81 @@
+"""Shared pieces for extender unit tests: recorded requests, node and pod objects, a fake binder."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from gangshare.core.clock import ManualClock
+from gangshare.core.spec import parse_cluster_spec
+from gangshare.extender.cache import ClusterCache
+from gangshare.kube.nodes import node_manifest
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+def recorded(verb: str) -> dict[str, Any]:
+    """A request body exactly as kube-scheduler v1.35.4 sent it (see recorded/README.md)."""
+    data: dict[str, Any] = json.loads((RECORDED / f"{verb}-request.json").read_text())
+    return data
+
+
+def node_objects(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    result = []
+    for node in parse_cluster_spec(spec):
+        manifest = node_manifest(node)
+        manifest["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        result.append(manifest)
+    return result
+
+
+def gpu_pod(
+    name: str,
+    gpus: int = 1,
+    resource: str = "nvidia.com/gpu",
+    node: str | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    namespace: str = "default",
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "annotations": dict(annotations or {}),
+            "labels": dict(labels or {}),
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "t", "resources": {"limits": {resource: str(gpus)}}}],
+        },
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def cache_with(spec: dict[str, Any], pods: list[dict[str, Any]] = ()) -> ClusterCache:  # type: ignore[assignment]
+    cache = ClusterCache(ManualClock(1000.0), assume_ttl=30)
+    cache.replace_nodes(node_objects(spec))
+    cache.replace_pods(list(pods))
+    return cache
+
+
+class FakeBinder:
+    """Records binds instead of calling the API server; can be told to fail."""
+
+    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
+        self.pods = pods
+        self.bound: list[tuple[str, str, tuple[int, ...]]] = []
+        self.fail = False
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.pods[f"{namespace}/{name}"])
+
+    def record_and_bind(self, pod: dict[str, Any], node: str, gpus: tuple[int, ...]) -> None:
+        from gangshare.extender.binder import BindError
+
+        if self.fail:
+            raise BindError("binding refused by the test")
+        self.bound.append((pod["metadata"]["name"], node, gpus))

@@ -1,0 +1,179 @@
+"""Extender decisions on its cache: gang plans, best-fit, least-loaded, assume/forget."""
+
+import re
+
+import pytest
+from helpers import cache_with, gpu_pod, node_objects
+
+from gangshare.core.annotations import NODE_UTILIZATION, encode_utilization
+from gangshare.extender.decisions import (
+    BadPod,
+    filter_nodes,
+    gpus_for_bind,
+    pod_ask,
+    prioritize_nodes,
+)
+
+FOUR = {"nodePools": [{"name": "n", "count": 3, "gpusPerNode": 4}]}
+ISLANDS = {
+    "nodePools": [
+        {"name": "x", "count": 2, "gpusPerNode": 8, "nvlinkIslands": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+    ]
+}
+GANG = {"gangshare.io/job": "llm"}
+
+
+def planned(node: str, gpus: str) -> dict[str, str]:
+    return {"gangshare.io/planned-node": node, "gangshare.io/planned-gpus": gpus}
+
+
+def test_gang_pod_passes_only_its_planned_node_while_its_gpus_are_free():
+    cache = cache_with(
+        FOUR, [gpu_pod("other", 1, node="n-1", annotations={"gangshare.io/planned-gpus": "1"})]
+    )
+    worker = gpu_pod("llm-worker-0", 2, annotations=planned("n-1", "0,1"), labels=GANG)
+    ask = pod_ask(worker)
+    assert ask is not None and ask.gang
+    passed, failed, unresolvable = filter_nodes(cache.cluster, ask, ["n-0", "n-1", "n-2"])
+    assert passed == []
+    assert failed == {"n-1": "planned GPU 1 on n-1 is held by pod:default/other"}
+    assert unresolvable == {
+        "n-0": "gang plan places this worker on n-1",
+        "n-2": "gang plan places this worker on n-1",
+    }
+    cache.delete_pod("default", "other")
+    assert filter_nodes(cache.cluster, ask, ["n-1"])[0] == ["n-1"]
+    assert gpus_for_bind(cache.cluster, ask, "n-1") == (0, 1)
+    assert (
+        gpus_for_bind(cache.cluster, ask, "n-0") == "gang plan places this worker on n-1, not n-0"
+    )
+
+
+def test_a_gated_gang_pod_holds_its_planned_gpus_against_others_but_not_itself():
+    worker = gpu_pod("llm-worker-0", 4, annotations=planned("n-0", "0,1,2,3"), labels=GANG)
+    cache = cache_with(FOUR, [worker])
+    assert cache.cluster.node("n-0").free_guaranteed == 0
+    ask = pod_ask(worker)
+    assert filter_nodes(cache.cluster, ask, ["n-0"])[0] == ["n-0"]
+    stranger = pod_ask(gpu_pod("stranger", 1))
+    assert filter_nodes(cache.cluster, stranger, ["n-0"])[1] == {
+        "n-0": "0 of 4 GPUs free, worker needs 1"
+    }
+
+
+def test_other_pods_are_filtered_and_scored_best_fit():
+    cache = cache_with(FOUR, [gpu_pod("a", 3, node="n-0"), gpu_pod("b", 1, node="n-1")])
+    ask = pod_ask(gpu_pod("new", 2))
+    passed, failed, unresolvable = filter_nodes(
+        cache.cluster, ask, ["n-0", "n-1", "n-2", "cpu-node"]
+    )
+    assert passed == ["n-1", "n-2"]
+    assert failed == {"n-0": "1 of 4 GPUs free, worker needs 2"}
+    assert unresolvable == {"cpu-node": "no GPUs known to gangshare on this node"}
+    scores = dict(prioritize_nodes(cache.cluster, ask, passed))
+    assert scores["n-1"] > scores["n-2"]
+
+
+def test_bind_takes_one_whole_nvlink_island():
+    cache = cache_with(
+        ISLANDS, [gpu_pod("a", 1, node="x-0", annotations={"gangshare.io/planned-gpus": "0"})]
+    )
+    ask = pod_ask(gpu_pod("four", 4))
+    assert gpus_for_bind(cache.cluster, ask, "x-0") == (4, 5, 6, 7)
+    assert gpus_for_bind(cache.cluster, ask, "x-1") == (0, 1, 2, 3)
+
+
+def test_opportunistic_pods_follow_published_utilization():
+    nodes = node_objects({"nodePools": [{"name": "u", "count": 2, "gpusPerNode": 2}]})
+    nodes[0]["metadata"]["annotations"][NODE_UTILIZATION] = encode_utilization(
+        {0: (0.9, 1000), 1: (0.8, 1000)}, 1
+    )
+    nodes[1]["metadata"]["annotations"][NODE_UTILIZATION] = encode_utilization(
+        {0: (0.1, 1000), 1: (0.7, 1000)}, 1
+    )
+    cache = cache_with({"nodePools": [{"name": "u", "count": 2, "gpusPerNode": 2}]})
+    cache.replace_nodes(nodes)
+    ask = pod_ask(
+        gpu_pod(
+            "opp",
+            1,
+            resource="gangshare.io/gpu-share",
+            annotations={"gangshare.io/gpu-memory-mib": "4096"},
+        )
+    )
+    scores = dict(prioritize_nodes(cache.cluster, ask, ["u-0", "u-1"]))
+    assert scores["u-1"] > scores["u-0"]
+    assert gpus_for_bind(cache.cluster, ask, "u-1") == (0,)
+    # A new report moves the least-loaded GPU; the cache refreshes in place.
+    nodes[1]["metadata"]["annotations"][NODE_UTILIZATION] = encode_utilization(
+        {0: (0.95, 1), 1: (0.05, 1)}, 2
+    )
+    cache.upsert_node(nodes[1])
+    assert gpus_for_bind(cache.cluster, ask, "u-1") == (1,)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        ({"gangshare.io/gpu-memory-mib": "lots"}, "gangshare.io/gpu-memory-mib: expected MiB"),
+        (
+            {**planned("n-0", "0,x")},
+            "gangshare.io/planned-gpus: expected comma-separated GPU indices",
+        ),
+        (
+            {**planned("n-0", "0,1,2")},
+            "gangshare.io/planned-gpus: plans 3 GPU(s) but the pod requests 2",
+        ),
+    ],
+)
+def test_bad_annotations_are_named(annotations, message):
+    with pytest.raises(BadPod, match=re.escape(message)):
+        pod_ask(gpu_pod("p", 2, annotations=annotations, labels=GANG))
+
+
+def test_pods_without_gpus_ask_nothing():
+    pod = gpu_pod("cpu", 1)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "2"}}
+    assert pod_ask(pod) is None
+
+
+def test_assumed_gpus_are_held_until_confirmed_forgotten_or_expired():
+    cache = cache_with(FOUR)
+    ask = pod_ask(gpu_pod("p", 2))
+    with cache.lock:
+        cache.assume(ask.owner, "n-0", (0, 1), ask.request)
+    assert cache.cluster.node("n-0").free_guaranteed == 2
+    # A stale event (the pod before its bind) must not release the assumption.
+    cache.upsert_pod(gpu_pod("p", 2))
+    assert cache.cluster.node("n-0").free_guaranteed == 2
+    # The pod's bound update replaces the assumption with the real claim.
+    cache.upsert_pod(gpu_pod("p", 2, node="n-0", annotations={"gangshare.io/planned-gpus": "0,1"}))
+    assert cache.assumed_count() == 0 and cache.cluster.node("n-0").free_guaranteed == 2
+    other = pod_ask(gpu_pod("q", 1))
+    with cache.lock:
+        cache.assume(other.owner, "n-1", (0,), other.request)
+    cache.forget(other.owner)
+    assert cache.cluster.node("n-1").free_guaranteed == 4
+    with cache.lock:
+        cache.assume(other.owner, "n-2", (3,), other.request)
+    cache.clock.advance(31)
+    assert cache.expire_assumptions() == 1
+    assert cache.cluster.node("n-2").free_guaranteed == 4
+
+
+def test_node_relabel_keeps_allocations_and_topology_change_rebuilds():
+    cache = cache_with(
+        FOUR, [gpu_pod("a", 2, node="n-0", annotations={"gangshare.io/planned-gpus": "2,3"})]
+    )
+    nodes = node_objects(FOUR)
+    nodes[0]["spec"]["unschedulable"] = True
+    cache.upsert_node(nodes[0])
+    assert cache.cluster.node("n-0").unschedulable_reason == "node is cordoned"
+    assert cache.cluster.node("n-0").free_guaranteed == 2
+    grown = node_objects({"nodePools": [{"name": "n", "count": 1, "gpusPerNode": 8}]})[0]
+    cache.upsert_node(grown)
+    assert (
+        cache.cluster.node("n-0").gpu_count == 8 and cache.cluster.node("n-0").free_guaranteed == 6
+    )
+    cache.delete_node("n-0")
+    assert "n-0" not in cache.cluster.nodes
