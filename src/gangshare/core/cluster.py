@@ -61,6 +61,7 @@ class Cluster:
     def cordon(self, name: str, reason: str | None) -> None:
         """Mark a node as taking no new work (reason) or as open again (None)."""
         self.nodes[name].unschedulable_reason = reason
+        self.nodes[name].recount()
 
     def racks(self) -> list[str]:
         return sorted({n.rack for n in self.nodes.values()})

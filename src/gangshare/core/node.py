@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gangshare.core.gpu import Gpu, GpuState
 from gangshare.core.topology import Island, normalize_islands
+
+# One counter for every node, so a node rebuilt under the same name never reuses a version.
+_VERSIONS = itertools.count(1)
 
 
 @dataclass
@@ -19,6 +23,8 @@ class NodeState:
     # Why the node takes no new work (cordoned, NotReady, tainted); None when it does.
     unschedulable_reason: str | None = None
     _free_guaranteed: int = field(default=-1, repr=False)
+    # Bumped on every change, so callers can memoize per-node answers (like a generation).
+    version: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
@@ -45,8 +51,9 @@ class NodeState:
         )
 
     def recount(self) -> None:
-        """Refresh the cached free count; the cluster calls it after every change."""
+        """Refresh cached counts and the version; call after every change to the node."""
         self._free_guaranteed = sum(1 for g in self.gpus if g.free_for_guaranteed)
+        self.version = next(_VERSIONS)
 
     @property
     def gpu_count(self) -> int:

@@ -35,6 +35,7 @@ from gangshare.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     filter_result,
+    priority_json,
     priority_list,
 )
 
@@ -82,14 +83,16 @@ def create_app(
         title="gangshare scheduler extender", docs_url=None, redoc_url=None, openapi_url=None
     )
 
-    @app.middleware("http")
-    async def keep_first_request(request: Request, call_next: Any) -> Any:
+    if record is not None:
         # Debugging aid (--record): keep the first body of each verb, as kube-scheduler sent it.
-        if record is not None and request.method == "POST":
-            target = record / f"{request.url.path.strip('/')}-request.json"
-            if not target.exists():
-                target.write_bytes(await request.body())
-        return await call_next(request)
+        # Registered only when asked for: HTTP middleware costs every request.
+        @app.middleware("http")
+        async def keep_first_request(request: Request, call_next: Any) -> Any:
+            if request.method == "POST":
+                target = record / f"{request.url.path.strip('/')}-request.json"
+                if not target.exists():
+                    target.write_bytes(await request.body())
+            return await call_next(request)
 
     @app.exception_handler(RequestError)
     async def rejected(request: Request, err: RequestError) -> JSONResponse:
@@ -112,7 +115,7 @@ def create_app(
             if ask is None:
                 return answer("filter", started, filter_result(args, names, {}, {}))
             with cache.lock:
-                passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names)
+                passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names, cache.memo)
         except BadPod as err:
             log.warning("filter %s: %s", _pod_name(args), err)
             return answer(
@@ -132,7 +135,7 @@ def create_app(
         return answer("filter", started, filter_result(args, passed, failed, unresolvable))
 
     @app.post("/prioritize")
-    async def prioritize(request: Request) -> JSONResponse:
+    async def prioritize(request: Request) -> Response:
         started = time.perf_counter()
         args = await read_model(request, ExtenderArgs)
         names = args.node_names()
@@ -141,12 +144,14 @@ def create_app(
             if ask is None:
                 return answer("prioritize", started, priority_list([(n, 0) for n in names]))
             with cache.lock:
-                scores = prioritize_nodes(cache.cluster, ask, names)
+                scores = prioritize_nodes(cache.cluster, ask, names, cache.memo)
         except Exception:
             # Scores are advice: on failure every node scores 0 and filter/bind still decide.
             log.exception("prioritize %s failed; scoring 0", _pod_name(args))
             return answer("prioritize", started, priority_list([(n, 0) for n in names]), "error")
-        return answer("prioritize", started, priority_list(scores))
+        metrics.requests.labels("prioritize", "ok").inc()
+        metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
+        return Response(priority_json(scores), media_type="application/json")
 
     @app.post("/bind")
     async def bind(request: Request) -> JSONResponse:
@@ -188,7 +193,9 @@ def create_app(
 
 def _bind(cache: ClusterCache, binder: Binder, args: ExtenderBindingArgs) -> str:
     """Pick GPUs, hold them on assumption, record them on the pod, bind. Returns an error or ''."""
-    pod = binder.read_pod(args.PodNamespace, args.PodName)
+    pod = cache.pod(args.PodNamespace, args.PodName)
+    if pod is None or (args.PodUID and pod["metadata"].get("uid") != args.PodUID):
+        pod = binder.read_pod(args.PodNamespace, args.PodName)  # the watch has not caught up yet
     if args.PodUID and pod["metadata"].get("uid") != args.PodUID:
         return f"pod {args.PodNamespace}/{args.PodName} was replaced (uid changed); not binding"
     try:

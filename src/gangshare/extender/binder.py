@@ -1,9 +1,14 @@
-"""The bind step's API calls: read the pod, record its GPUs on it, then create the Binding."""
+"""The bind step's one API call: a Binding that carries the pod's GPU annotations.
+
+The API server copies a Binding's annotations onto the pod in the same update
+that sets its node (BindingREST.setPodNodeAndMetadata), so the GPUs are on the
+pod no later than the node is: the node agent can never see one without the other.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -20,6 +25,7 @@ class Binder:
         self.core = client.CoreV1Api(api_client)
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """Only when the watch has not delivered the pod yet."""
         try:
             response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
         except ApiException as err:
@@ -30,19 +36,20 @@ class Binder:
     def record_and_bind(self, pod: dict[str, Any], node: str, gpus: tuple[int, ...]) -> None:
         meta = pod["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        wanted = {POD_PLANNED_NODE: node, POD_PLANNED_GPUS: encode_gpu_indices(gpus)}
-        current = meta.get("annotations") or {}
+        annotations = (
+            {POD_PLANNED_NODE: node, POD_PLANNED_GPUS: encode_gpu_indices(gpus)} if gpus else {}
+        )
+        # A plain dict: the client's model objects cost more CPU than the call itself.
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "uid": meta.get("uid"), "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
-            if any(current.get(k) != v for k, v in wanted.items()):
-                # Written before the Binding: the node agent reads the plan when the kubelet asks.
-                self.core.patch_namespaced_pod(
-                    name, namespace, {"metadata": {"annotations": wanted}}
-                )
-            binding = client.V1Binding(
-                metadata=client.V1ObjectMeta(name=name, uid=meta.get("uid")),
-                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+            self.core.create_namespaced_binding(
+                namespace, cast(Any, binding), _preload_content=False
             )
-            self.core.create_namespaced_binding(namespace, binding, _preload_content=False)
         except ApiException as err:
             raise BindError(
                 f"binding {namespace}/{name} to {node} failed: {err.status} {err.reason}"

@@ -17,8 +17,14 @@ from gangshare.core.clock import Clock
 from gangshare.core.cluster import Cluster
 from gangshare.core.job import WorkerRequest
 from gangshare.core.node import NodeState
-from gangshare.extender.decisions import pod_owner
-from gangshare.kube.snapshot import PodClaim, hold_claim, node_unschedulable_reason, pod_claim
+from gangshare.extender.decisions import NodeMemo, pod_owner
+from gangshare.kube.snapshot import (
+    PodClaim,
+    hold_claim,
+    node_unschedulable_reason,
+    pod_claim,
+    pod_gpu_request,
+)
 
 log = logging.getLogger("gangshare.extender")
 DEFAULT_ASSUME_TTL = 30.0
@@ -32,7 +38,10 @@ class ClusterCache:
         self.cluster = Cluster()
         self._topology: dict[str, str] = {}
         self._claims: dict[str, PodClaim] = {}
+        # GPU pods as last seen, so bind needs no extra read of the pod.
+        self._gpu_pods: dict[str, dict[str, Any]] = {}
         self._assumed: dict[str, tuple[PodClaim, float]] = {}
+        self.memo = NodeMemo()
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
 
@@ -80,9 +89,18 @@ class ClusterCache:
 
     # ----- pods ------------------------------------------------------------------
 
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self._gpu_pods.get(pod_owner(namespace, name))
+
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         with self.lock:
             self._claims.clear()
+            self._gpu_pods = {
+                pod_owner(p["metadata"].get("namespace", "default"), p["metadata"]["name"]): p
+                for p in pods
+                if pod_gpu_request(p) is not None
+            }
             for pod in pods:
                 claim, warning = pod_claim(pod)
                 if warning:
@@ -99,6 +117,8 @@ class ClusterCache:
         if warning:
             log.warning(warning)
         with self.lock:
+            if pod_gpu_request(pod) is not None:
+                self._gpu_pods[owner] = pod
             if claim is None:
                 self._claims.pop(owner, None)
                 if owner not in self._assumed:  # an older event must not undo a bind in flight
@@ -116,6 +136,7 @@ class ClusterCache:
         with self.lock:
             self._claims.pop(owner, None)
             self._assumed.pop(owner, None)
+            self._gpu_pods.pop(owner, None)
             self.cluster.release(owner)
 
     # ----- assume / forget ------------------------------------------------------------------
@@ -187,6 +208,7 @@ class ClusterCache:
         for old, new in zip(existing.gpus, fresh.gpus, strict=True):
             old.utilization = new.utilization
             old.memory_used_mib = new.memory_used_mib
+        existing.recount()
 
     def _live_claims(self) -> list[PodClaim]:
         assumed = [claim for claim, _ in self._assumed.values()]

@@ -28,6 +28,28 @@ from gangshare.kube.snapshot import pod_gpu_request
 NOT_A_GPU_NODE = "no GPUs known to gangshare on this node"
 
 
+class NodeMemo:
+    """Per-node answers for one request shape, valid while the node's version is unchanged.
+
+    Between two scheduling requests only the nodes that changed need work again,
+    which is what keeps filter and prioritize cheap on thousands of nodes.
+    """
+
+    MAX_SHAPES = 64
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[str, WorkerRequest], dict[str, tuple[int, Any]]] = {}
+
+    def table(self, kind: str, request: WorkerRequest) -> dict[str, tuple[int, Any]]:
+        key = (kind, request)
+        found = self._tables.get(key)
+        if found is None:
+            if len(self._tables) >= self.MAX_SHAPES:
+                self._tables.clear()
+            found = self._tables[key] = {}
+        return found
+
+
 class BadPod(ValueError):
     """A pod whose gangshare annotations cannot be read; the message names the annotation."""
 
@@ -101,7 +123,7 @@ def _planned_gpus_problem(cluster: Cluster, ask: PodAsk) -> str | None:
 
 
 def filter_nodes(
-    cluster: Cluster, ask: PodAsk, names: list[str]
+    cluster: Cluster, ask: PodAsk, names: list[str], memo: NodeMemo | None = None
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """(passed, failed, unresolvable) with a reason for every node that did not pass."""
     passed: list[str] = []
@@ -121,12 +143,19 @@ def filter_nodes(
             else:
                 passed.append(name)
         return passed, failed, unresolvable
+    table = memo.table("filter", ask.request) if memo is not None else None
     for name in names:
         node = nodes.get(name)
         if node is None:
             unresolvable[name] = NOT_A_GPU_NODE
             continue
-        rejection = filter_worker(node, ask.request)
+        hit = table.get(name) if table is not None else None
+        if hit is not None and hit[0] == node.version:
+            rejection = hit[1]
+        else:
+            rejection = filter_worker(node, ask.request)
+            if table is not None:
+                table[name] = (node.version, rejection)
         if rejection is None:
             passed.append(name)
         elif rejection.resolvable:
@@ -136,14 +165,28 @@ def filter_nodes(
     return passed, failed, unresolvable
 
 
-def prioritize_nodes(cluster: Cluster, ask: PodAsk, names: list[str]) -> list[tuple[str, int]]:
+def prioritize_nodes(
+    cluster: Cluster, ask: PodAsk, names: list[str], memo: NodeMemo | None = None
+) -> list[tuple[str, int]]:
     if ask.gang:
         return [(name, 10 if name == ask.planned_node else 0) for name in names]
     nodes = cluster.nodes
-    return [
-        (name, to_extender_score(score_worker(nodes[name], ask.request)) if name in nodes else 0)
-        for name in names
-    ]
+    table = memo.table("score", ask.request) if memo is not None else None
+    scores = []
+    for name in names:
+        node = nodes.get(name)
+        if node is None:
+            scores.append((name, 0))
+            continue
+        hit = table.get(name) if table is not None else None
+        if hit is not None and hit[0] == node.version:
+            score = hit[1]
+        else:
+            score = to_extender_score(score_worker(node, ask.request))
+            if table is not None:
+                table[name] = (node.version, score)
+        scores.append((name, score))
+    return scores
 
 
 def gpus_for_bind(cluster: Cluster, ask: PodAsk, node_name: str) -> tuple[int, ...] | str:

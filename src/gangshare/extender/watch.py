@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.extender.cache import ClusterCache
 
 log = logging.getLogger("gangshare.extender")
+
+
+def _events(response: Any) -> Iterator[dict[str, Any]]:
+    """Watch events as plain dicts, straight from the stream (no client model objects)."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if pending.strip():
+        yield json.loads(pending)
 
 
 def _follow(
@@ -28,17 +42,33 @@ def _follow(
         try:
             listing = json.loads(list_call(_preload_content=False).data)
             replace(listing["items"])
+            # The cache lives for the process: keep the cyclic GC from rescanning it on every
+            # full collection (those pauses are the extender's latency tail).
+            gc.collect()
+            gc.freeze()
             version = listing["metadata"]["resourceVersion"]
-            stream = watch.Watch()  # type: ignore[no-untyped-call]
-            for event in stream.stream(  # type: ignore[no-untyped-call]
-                list_call, resource_version=version, timeout_seconds=120, allow_watch_bookmarks=True
-            ):
-                if stop.is_set():
-                    stream.stop()  # type: ignore[no-untyped-call]
-                    break
-                if event["type"] == "BOOKMARK":
-                    continue
-                apply(event["type"], event["raw_object"])
+            while not stop.is_set():
+                response = list_call(
+                    watch=True,
+                    resource_version=version,
+                    timeout_seconds=120,
+                    allow_watch_bookmarks=True,
+                    _preload_content=False,
+                )
+                try:
+                    for event in _events(response):
+                        kind, obj = event["type"], event["object"]
+                        if kind == "ERROR":
+                            raise ApiException(
+                                status=obj.get("code", 500), reason=obj.get("message")
+                            )
+                        version = obj.get("metadata", {}).get("resourceVersion") or version
+                        if kind != "BOOKMARK":
+                            apply(kind, obj)
+                        if stop.is_set():
+                            break
+                finally:
+                    response.release_conn()
         except ApiException as err:
             if err.status != 410:  # 410 Gone: our version expired, simply list again
                 log.warning("%s watch failed (%s); relisting", name, err.reason)

@@ -1,0 +1,328 @@
+"""Extender benchmarks.
+
+1. filter + prioritize latency over HTTP (nodeCacheCapable requests naming every node) against
+   the real FastAPI app under uvicorn, on caches of 1,000 and 5,000 nodes x 8 GPUs, half full.
+2. Pods per second bound by the real kube-scheduler on KWOK nodes, with the extender and without,
+   the same pods in the same run: each measurement creates the pods first for a scheduler that is
+   not running yet, then starts a fresh kube-scheduler (plain profile, or gangshare's profile with
+   the extender) and times first bind to last bind.
+
+    .venv/bin/python bench/extender.py [--sizes 1000 5000] [--requests 200] [--pods 300]
+        [--skip-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.client import HTTPConnection
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gangshare.core.clock import WallClock
+from gangshare.core.job import ServiceClass
+from gangshare.dev import binaries, components, processes
+from gangshare.dev.cli import load_nodes
+from gangshare.dev.cluster import LocalCluster
+from gangshare.extender.app import create_app
+from gangshare.extender.cache import ClusterCache
+from gangshare.extender.metrics import ExtenderMetrics
+from placement import half_full_cluster
+
+POD = {
+    "metadata": {"name": "bench", "namespace": "default", "uid": "bench-uid"},
+    "spec": {"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def serve_synthetic(size: int, port: int) -> None:
+    """Server process: a half-full synthetic cache; before each /filter one node changes, as the
+    previous pod's bind would change it, so the memo only ever skips unchanged nodes."""
+    cache = ClusterCache(WallClock())
+    cache.cluster = half_full_cluster(size)
+    cache.nodes_synced.set()
+    cache.pods_synced.set()
+    gc.collect()
+    gc.freeze()  # as `gangshare extender` does after each cache (re)list
+    app = create_app(cache, None, ExtenderMetrics())
+    names = list(cache.cluster.nodes)
+    rng = random.Random(11)
+    counter = iter(range(10**9))
+
+    async def one_bind_between_pods(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/filter":
+            i = next(counter)
+            with cache.lock:
+                node = cache.cluster.node(rng.choice(names))
+                cache.cluster.release(f"bench-{i - 1}")
+                free = [g.index for g in node.gpus if g.free_for_guaranteed]
+                if free:
+                    cache.cluster.allocate(
+                        f"bench-{i}", f"bench-{i}", node.name, free[:1], ServiceClass.GUARANTEED
+                    )
+        await app(scope, receive, send)
+
+    uvicorn.run(
+        one_bind_between_pods, host="127.0.0.1", port=port, log_level="error", access_log=False
+    )
+
+
+def http_latency(sizes: list[int], requests: int) -> None:
+    print("1. filter + prioritize over HTTP, all nodes named in each request, server in its own")
+    print(
+        "   process; between two pods one node changes (the last bind); cold = first pod, no memo"
+    )
+    print(
+        f"{'nodes':>6} {'cold both':>10} {'filter p50':>11} {'filter p99':>11} {'prio p50':>9} "
+        f"{'prio p99':>9} {'both p50':>9} {'both p99':>9}  (ms)"
+    )
+    for size in sizes:
+        port = processes.free_port()
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(size), str(port)])
+        try:
+            # A plain keep-alive connection, like kube-scheduler's Go client: httpx's own
+            # overhead would otherwise be part of every figure.
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    http = HTTPConnection("127.0.0.1", port, timeout=60)
+                    http.request("GET", "/healthz")
+                    http.getresponse().read()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            names = [f"node-{i:05d}" for i in range(size)]
+            body = json.dumps({"Pod": POD, "Nodes": None, "NodeNames": names}).encode()
+            headers = {"content-type": "application/json"}
+            times: dict[str, list[float]] = {"filter": [], "prioritize": [], "both": []}
+            cold = 0.0
+            for i in range(requests + 1):
+                both = 0.0
+                for verb in ("filter", "prioritize"):
+                    start = time.perf_counter()
+                    http.request("POST", f"/{verb}", body=body, headers=headers)
+                    reply = http.getresponse()
+                    json.loads(reply.read())
+                    elapsed = (time.perf_counter() - start) * 1000
+                    if reply.status != 200:
+                        raise SystemExit(f"/{verb} answered {reply.status}")
+                    both += elapsed
+                    if i:
+                        times[verb].append(elapsed)
+                if i:
+                    times["both"].append(both)
+                else:
+                    cold = both
+            http.close()
+        finally:
+            server.terminate()
+            server.wait(10)
+        row = [
+            f"{percentile(times[k], q):>9.2f}"
+            for k in ("filter", "prioritize", "both")
+            for q in (0.5, 0.99)
+        ]
+        print(f"{size:>6} {cold:>10.1f} " + " ".join(row))
+
+
+def scheduler_config(
+    kubeconfig: Path, name: str, extender_port: int | None, template: Path
+) -> dict[str, Any]:
+    if extender_port is None:
+        config = components.scheduler_config(kubeconfig)
+    else:
+        config = components.gangshare_scheduler_config(template, kubeconfig, extender_port)
+    config["profiles"] = [{"schedulerName": name}]
+    return config
+
+
+class BindWatch:
+    """Client-side bind times from a watch (sub-second, unlike the 1 s PodScheduled timestamps)."""
+
+    def __init__(self, kubeconfig: str, namespace: str, expected: int) -> None:
+        from kubernetes import client, config
+
+        self.api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        self.namespace = namespace
+        self.expected = expected
+        self.bound: dict[str, float] = {}
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        listing = json.loads(self.api.list_namespaced_pod(namespace, _preload_content=False).data)
+        self.version = listing["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from gangshare.extender.watch import _events
+
+        deadline = time.monotonic() + 300
+        while not self.done.is_set() and time.monotonic() < deadline:
+            try:
+                response = self.api.list_namespaced_pod(
+                    self.namespace,
+                    watch=True,
+                    resource_version=self.version,
+                    timeout_seconds=60,
+                    _preload_content=False,
+                )
+                for event in _events(response):
+                    pod = event["object"]
+                    self.version = pod["metadata"].get("resourceVersion", self.version)
+                    if (
+                        pod.get("spec", {}).get("nodeName")
+                        and pod["metadata"]["name"] not in self.bound
+                    ):
+                        self.bound[pod["metadata"]["name"]] = time.perf_counter()
+                    if len(self.bound) >= self.expected:
+                        self.done.set()
+                        return
+            except Exception as err:  # keep watching; report what went wrong
+                self.errors.append(repr(err))
+
+    def wait(self, timeout: float) -> list[float]:
+        self.done.wait(timeout)
+        self.done.set()
+        if self.errors:
+            print(f"   (watch restarted after: {self.errors[:3]})")
+        return sorted(self.bound.values())
+
+
+def one_run(
+    cluster: LocalCluster, kubectl: list[str], pods: int, with_extender: bool, tag: str
+) -> float:
+    state = cluster.state
+    assert state is not None
+    name = f"bench-{tag}"
+    namespace = name
+    subprocess.run([*kubectl, "create", "namespace", namespace], check=True, capture_output=True)
+    while subprocess.run(
+        [*kubectl, "get", "sa", "default", "-n", namespace], capture_output=True
+    ).returncode:
+        time.sleep(0.2)
+    manifest = "\n---\n".join(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"p{i}", "namespace": namespace},
+                "spec": {
+                    "schedulerName": name,
+                    "containers": [
+                        {
+                            "name": "t",
+                            "image": "example.invalid/t:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            }
+        )
+        for i in range(pods)
+    )
+    subprocess.run(
+        [*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True
+    )
+    config_path = Path(state.root) / f"{name}.yaml"
+    template = binaries.repo_root() / "extender" / "scheduler-config.yaml"
+    extender_port = state.ports["extender"] if with_extender else None
+    config_path.write_text(
+        yaml.safe_dump(scheduler_config(Path(state.kubeconfig), name, extender_port, template))
+    )
+    binds = BindWatch(state.kubeconfig, namespace, pods)
+    scheduler = processes.start(
+        name,
+        components.scheduler_argv(cluster.bins, cluster.layout, config_path, processes.free_port()),
+        Path(state.logs),
+        attached=True,
+    )
+    try:
+        stamps = binds.wait(300)
+    finally:
+        processes.stop([scheduler])
+    subprocess.run(
+        [*kubectl, "delete", "namespace", namespace, "--wait=true"], check=True, capture_output=True
+    )
+    if len(stamps) < pods:
+        raise SystemExit(f"{tag}: only {len(stamps)} of {pods} pods bound")
+    return (pods - 1) / (stamps[-1] - stamps[0])
+
+
+def throughput(pods: int) -> None:
+    print(f"\n2. kube-scheduler throughput on KWOK nodes, {pods} one-GPU pods per run")
+    bins = binaries.bin_dir(build=True)
+    nodes = load_nodes(None)
+    spec_nodes = [n for n in nodes]  # demo cluster shape, repeated below to have room for every pod
+    from gangshare.core.spec import parse_cluster_spec
+
+    room = parse_cluster_spec(
+        {
+            "nodePools": [
+                {
+                    "name": "bench",
+                    "count": max(1, pods // 8 + 2),
+                    "gpusPerNode": 8,
+                    "nvlinkIslands": [[0, 1, 2, 3], [4, 5, 6, 7]],
+                }
+            ]
+        }
+    )
+    root = Path(tempfile.mkdtemp(prefix="gangshare-bench-"))
+    cluster = LocalCluster(root, bins, attached=True)
+    try:
+        state = cluster.up(spec_nodes[:0] + room)
+        kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for round_ in range(2):
+            for with_extender in (False, True):
+                tag = f"{'ext' if with_extender else 'plain'}{round_}"
+                rates[with_extender].append(one_run(cluster, kubectl, pods, with_extender, tag))
+                print(f"   run {tag:<7} {rates[with_extender][-1]:7.1f} pods/s")
+        plain, ext = statistics.median(rates[False]), statistics.median(rates[True])
+        print(f"   without extender {plain:7.1f} pods/s (median of {len(rates[False])})")
+        print(f"   with extender    {ext:7.1f} pods/s (median of {len(rates[True])})")
+        cost = max(0.0, 1 - ext / plain)
+        print(f"   ratio with/without: {ext / plain:.2f}  (extender cost {cost:.0%} of throughput)")
+    finally:
+        cluster.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--pods", type=int, default=300)
+    parser.add_argument("--skip-cluster", action="store_true")
+    parser.add_argument(
+        "--serve", nargs=2, type=int, metavar=("NODES", "PORT"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.serve:
+        serve_synthetic(*args.serve)
+        return
+    http_latency(args.sizes, args.requests)
+    if not args.skip_cluster:
+        throughput(args.pods)
+
+
+if __name__ == "__main__":
+    main()
