@@ -52,3 +52,35 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+
+# ----- Helm and kind ------------------------------------------------------------------------------
+# kind-up/kind-down need Docker, kind, helm and kubectl on PATH; they are for trying the chart on a
+# laptop and are not part of `make test` (tests/e2e/test_helm.py installs the chart into the local
+# control plane instead). helm defaults to the project's own build when it exists.
+KIND ?= kind
+KUBECTL ?= kubectl
+HELM ?= $(or $(wildcard $(shell bash scripts/build-k8s.sh --print-bin-dir)/helm),helm)
+KIND_CLUSTER ?= gangshare
+KIND_IMAGE ?=
+CHART := deploy/helm/gangshare
+RELEASE_NAMESPACE ?= gangshare-system
+
+.PHONY: kind-up kind-down helm-template
+
+kind-up:
+	$(KIND) create cluster --name $(KIND_CLUSTER) --config deploy/kind/cluster.yaml \
+		$(if $(KIND_IMAGE),--image $(KIND_IMAGE)) --wait 120s
+	docker build -t gangshare:dev .
+	$(KIND) load docker-image gangshare:dev --name $(KIND_CLUSTER)
+	$(HELM) install gangshare $(CHART) -n $(RELEASE_NAMESPACE) --create-namespace \
+		--kube-context kind-$(KIND_CLUSTER) \
+		--set image.repository=gangshare --set image.tag=dev
+	$(KUBECTL) --context kind-$(KIND_CLUSTER) -n $(RELEASE_NAMESPACE) rollout status \
+		deployment/gangshare-operator deployment/gangshare-scheduler --timeout 180s
+
+kind-down:
+	$(KIND) delete cluster --name $(KIND_CLUSTER)
+
+# Every manifest the chart installs, CRD included, with default values (pass more with ARGS=...).
+helm-template:
+	$(HELM) template gangshare $(CHART) -n $(RELEASE_NAMESPACE) --include-crds $(ARGS)

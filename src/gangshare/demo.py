@@ -10,6 +10,8 @@ status table until every job has finished. KWOK plays the kubelet: each worker
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import subprocess
 import sys
 import tempfile
@@ -46,7 +48,7 @@ def demo_jobs(folder: Path, burst: int, run_seconds: int) -> list[dict[str, Any]
     )
     for i in range(burst if template is not None else 0):
         assert template is not None
-        extra = yaml.safe_load(yaml.safe_dump(template))
+        extra = copy.deepcopy(template)
         extra["metadata"]["name"] = f"{template['metadata']['name']}-burst-{i}"
         jobs.append(extra)
     for position, job in enumerate(jobs):
@@ -130,7 +132,8 @@ def run_demo(args: argparse.Namespace) -> int:
             attached=True,
         )
         jobs = demo_jobs(folder, args.burst, args.run_seconds)
-        manifest = "\n---\n".join(yaml.safe_dump(j) for j in jobs)
+        # JSON, not YAML: a YAML round trip turns strings like "3e-4" into numbers for kubectl.
+        manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": jobs})
         subprocess.run(
             [*kubectl, "apply", "-f", "-"],
             input=manifest,

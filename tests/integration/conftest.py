@@ -41,7 +41,9 @@ def operator(
     if request.node.stash.get(FAILED, False):
         print(logs[-6000:])
     # A pass that failed for any reason is a bug even when the test's own checks held.
-    assert "scheduling pass failed" not in logs, logs[logs.index("scheduling pass failed") - 200 :][:3000]
+    assert "scheduling pass failed" not in logs, logs[logs.index("scheduling pass failed") - 200 :][
+        :3000
+    ]
 
 
 FAILED = pytest.StashKey[bool]()

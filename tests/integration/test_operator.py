@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -55,6 +56,14 @@ def test_every_example_applies_with_kubectl(crd: Kube, namespace: str):
             "spec.topology.relaxAfterSeconds",
         ),
         ({"queue": "Not A Queue"}, "spec.queue"),
+        (
+            {
+                "template": {
+                    "spec": {"containers": [{"name": "t", "image": "i", "args": ["--lr", 0.001]}]}
+                }
+            },
+            "spec.template.spec.containers[0].args[1]",
+        ),
     ],
 )
 def test_invalid_manifests_are_rejected_naming_the_field(crd: Kube, namespace: str, change, field):
@@ -98,8 +107,9 @@ def test_a_gang_runs_to_success_with_conditions_and_events(
         text=True,
         check=True,
     ).stdout
+    events = describe[describe.index("Events:") :]
     for reason in ("Queued", "Admitted", "GangScheduled", "Running", "Completed"):
-        assert reason in describe, describe
+        assert re.search(rf"Normal\s+{reason}\s", events), events
     pods = job_pods(kube, namespace, "pair")
     assert sorted(p.metadata.name for p in pods) == ["pair-worker-0", "pair-worker-1"]
     for pod in pods:
@@ -178,16 +188,27 @@ def test_a_user_error_fails_fast_with_the_reason(operator: OperatorProcess, name
     )
 
 
-def test_a_template_the_api_server_refuses_ends_in_a_failed_condition(
-    operator: OperatorProcess, namespace: str
+@pytest.mark.parametrize(
+    ("container", "where"),
+    [
+        # Refused by the API server (422).
+        ({"name": "Not_A_DNS_Label"}, "spec.containers[0].name"),
+        # Refused by the client's own type check before sending.
+        ({"env": [{"name": "EPOCHS", "value": 3}]}, "spec.containers.0.env.0.value"),
+    ],
+)
+def test_a_template_that_cannot_become_a_pod_ends_in_a_failed_condition(
+    operator: OperatorProcess, namespace: str, container, where
 ):
     kube = operator.kube
     body = trainingjob("badtemplate", 1, 1)
-    body["spec"]["template"]["spec"]["containers"][0]["name"] = "Not_A_DNS_Label"
+    body["spec"]["template"]["spec"]["containers"][0].update(container)
     create(kube, namespace, body)
     done = eventually(lambda: phase_is(kube, namespace, "badtemplate", "Failed"), timeout=30)
     assert done["lastFailure"]["reason"] == "InvalidPodTemplate"
-    assert done["message"].startswith("spec.template: the API server refused the worker pod")
+    assert done["message"].startswith("spec.template: the worker pod was refused: ")
+    assert where in done["message"], done["message"]
+    assert done.get("placement") is None  # its GPUs are free again
     assert job_pods(kube, namespace, "badtemplate") == []
 
 

@@ -72,7 +72,9 @@ def partial_gangs(kube: Kube, namespace: str, jobs: dict[str, int]) -> list[str]
         gated = [p for p in pods if p.spec.scheduling_gates]
         # A worker that already finished still counts as part of the gang.
         if bound and (len(pods) < workers or gated):
-            broken.append(f"{job}: {len(bound)} bound, {len(pods)} of {workers} exist, {len(gated)} gated")
+            broken.append(
+                f"{job}: {len(bound)} bound, {len(pods)} of {workers} exist, {len(gated)} gated"
+            )
     return broken
 
 

@@ -6,8 +6,8 @@ permanent ones (422 on a pod we built from the user's template) end the job.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import socket
 import uuid
 from datetime import UTC, datetime
@@ -15,10 +15,12 @@ from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
+log = logging.getLogger("gangshare.operator")
 REPORTING_CONTROLLER = "gangshare.io/operator"
 
 
@@ -133,6 +135,11 @@ class KubeApi:
             if err.status == 422:
                 raise Invalid(_api_message(err)) from None
             raise
+        except ValidationError as err:
+            # The client checks field types before sending: as permanent as a 422.
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:])  # drop the argument position
+            raise Invalid(f"{where}: {first['msg']}") from None
         return True
 
     def lift_gate(self, namespace: str, pod: str) -> None:
@@ -165,7 +172,7 @@ class KubeApi:
         now = datetime.now(UTC)
         event = client.EventsV1Event(
             metadata=client.V1ObjectMeta(
-                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
+                generate_name=f"{meta['name']}-", namespace=meta["namespace"]
             ),
             event_time=now,
             type=kind,
@@ -183,9 +190,17 @@ class KubeApi:
                 resource_version=meta.get("resourceVersion"),
             ),
         )
-        # An event is a courtesy; never let it fail a reconcile.
-        with contextlib.suppress(ApiException):
+        # An event is a courtesy and must never fail a reconcile, but a refused one is logged.
+        try:
             self.events.create_namespaced_event(meta["namespace"], event)
+        except ApiException as err:
+            log.warning(
+                "event %s for %s/%s refused: %s",
+                reason,
+                meta["namespace"],
+                meta["name"],
+                err.reason,
+            )
 
 
 def _api_message(err: ApiException) -> str:

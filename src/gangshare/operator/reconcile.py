@@ -100,7 +100,7 @@ class Reconciler:
         now = self.clock.now()
         status = job.get("status") or {}
         gen = int(job["metadata"].get("generation", 0))
-        text = f"spec.template: the API server refused the worker pod: {message}"
+        text = f"spec.template: the worker pod was refused: {message}"
         self.api.patch_job_status(
             job,
             {

@@ -1,0 +1,680 @@
+"""The Helm chart (deploy/helm/gangshare) with the real helm binary against the real control plane.
+
+Rendering tests need only helm. The install tests put a release into the session cluster, check
+its objects through the API, check each service account's RBAC with `kubectl auth can-i` (the API
+server runs with --authorization-mode=Node,RBAC), then run the real extender, kube-scheduler and
+operator as local processes under those service accounts' tokens, with the chart's own arguments
+and scheduler configuration: a TrainingJob and a plain GPU pod go all the way to bound and
+finished, so RBAC the code needs but the table forgot would show up as a failure here. The chart's
+own pods land on KWOK nodes, where no container really runs; nothing here depends on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import ssl
+import subprocess
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gangshare.dev import binaries, processes
+from gangshare.extender.main import add_extender_command
+from gangshare.operator.main import add_operator_command, parse_quotas
+from kube import Kube, eventually
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gangshare"
+CRD_FILE = ROOT / "crds" / "trainingjob.yaml"
+SAMPLE_CONFIG = ROOT / "extender" / "scheduler-config.yaml"
+CRD_NAME = "trainingjobs.gangshare.io"
+TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
+
+Manifests = dict[tuple[str, str], dict[str, Any]]
+
+
+# ----- helm ------------------------------------------------------------------------------------
+
+
+class Helm:
+    def __init__(self, binary: Path, home: Path) -> None:
+        self.binary = binary
+        # Keep helm's cache, config and data out of the user's home.
+        self.env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=120
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def render(self, *args: str, namespace: str = "gangshare-system") -> Manifests:
+        out = self("template", "gangshare", str(CHART), "-n", namespace, *args).stdout
+        return by_kind_and_name(out)
+
+
+def by_kind_and_name(stream: str) -> Manifests:
+    docs = [d for d in yaml.safe_load_all(stream) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(binaries.bin_dir(build=True) / "helm", tmp_path_factory.mktemp("helm-home"))
+
+
+def containers(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = deployment["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def scheduler_config(manifests: Manifests, fullname: str = "gangshare") -> dict[str, Any]:
+    data = manifests[("ConfigMap", f"{fullname}-scheduler-config")]["data"]
+    config: dict[str, Any] = yaml.safe_load(data["scheduler-config.yaml"])
+    return config
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    """The real `gangshare operator` and `gangshare extender` argument parsers."""
+    parser = argparse.ArgumentParser(prog="gangshare")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_operator_command(commands)
+    add_extender_command(commands)
+    return parser
+
+
+# ----- rendering -------------------------------------------------------------------------------
+
+
+def test_chart_lints_with_and_without_the_optional_parts(helm: Helm):
+    assert "0 chart(s) failed" in helm("lint", "--strict", str(CHART)).stdout
+    everything = [
+        *("--set", "metrics.serviceMonitor.enabled=true"),
+        *("--set", "networkPolicy.enabled=true"),
+        *("--set", "operator.quotas.research=16"),
+        *("--set", "operator.smallJobMaxGpus=2"),
+        *("--set", "priorityClassName=system-cluster-critical"),
+    ]
+    assert "0 chart(s) failed" in helm("lint", "--strict", str(CHART), *everything).stdout
+    manifests = helm.render(*everything)
+    assert ("ServiceMonitor", "gangshare-extender") in manifests
+    assert ("NetworkPolicy", "gangshare-scheduler") in manifests
+
+
+def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
+    for setting, key in [
+        ("operator.ordering=Fifo", "/operator/ordering"),
+        ("operator.quotas.research=-1", "/operator/quotas/research"),
+        ("operator.fairshare=true", "fairshare"),
+    ]:
+        done = helm("template", "x", str(CHART), "--set", setting, check=False)
+        assert done.returncode != 0 and key in done.stderr, (setting, done.stderr)
+
+
+def test_the_crd_is_the_repository_file_through_a_symlink(helm: Helm, tmp_path: Path):
+    link = CHART / "crds" / "trainingjob.yaml"
+    assert link.is_symlink() and link.resolve() == CRD_FILE.resolve()
+    expected = yaml.safe_load(CRD_FILE.read_text())
+    rendered = helm("template", "x", str(CHART), "--include-crds").stdout
+    crds = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == expected["kind"]]
+    assert crds == [expected]
+    # The packaged chart carries the file's content, not a link.
+    helm("package", str(CHART), "-d", str(tmp_path))
+    with tarfile.open(tmp_path / "gangshare-0.1.0.tgz") as tar:
+        member = tar.getmember("gangshare/crds/trainingjob.yaml")
+        packed = tar.extractfile(member)
+        assert member.isfile() and packed is not None
+        assert packed.read() == CRD_FILE.read_bytes()
+
+
+def test_scheduler_config_has_the_shape_of_the_sample(helm: Helm):
+    sample = yaml.safe_load(SAMPLE_CONFIG.read_text())
+    config = scheduler_config(helm.render(namespace="gs-sys"))
+    assert config.keys() == sample.keys()
+    assert (config["apiVersion"], config["kind"]) == (sample["apiVersion"], sample["kind"])
+    # Only where-it-runs values differ: in-cluster credentials, the Lease's namespace, loopback.
+    assert config["clientConnection"] == {**sample["clientConnection"], "kubeconfig": ""}
+    assert config["leaderElection"] == {**sample["leaderElection"], "resourceNamespace": "gs-sys"}
+    assert config["profiles"] == sample["profiles"] == [{"schedulerName": "gangshare-scheduler"}]
+    [extender] = config["extenders"]
+    [sample_extender] = sample["extenders"]
+    assert extender == {**sample_extender, "urlPrefix": "http://127.0.0.1:8888/"}
+    assert extender["nodeCacheCapable"] is True
+    assert [r["name"] for r in extender["managedResources"]] == [
+        "nvidia.com/gpu",
+        "gangshare.io/gpu-share",
+    ]
+
+
+def test_scheduler_name_and_extender_port_stay_consistent(helm: Helm):
+    manifests = helm.render("--set", "schedulerName=team-gpu", "--set", "extender.port=9000")
+    config = scheduler_config(manifests)
+    assert config["profiles"] == [{"schedulerName": "team-gpu"}]
+    assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9000/"
+    operator = containers(manifests[("Deployment", "gangshare-operator")])["operator"]
+    assert "--scheduler-name=team-gpu" in operator["args"]
+    pod = containers(manifests[("Deployment", "gangshare-scheduler")])
+    assert "--port=9000" in pod["extender"]["args"]
+    assert pod["extender"]["ports"][0]["containerPort"] == 9000
+    service = manifests[("Service", "gangshare-extender")]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8888, "targetPort": 9000, "protocol": "TCP"}
+    ]
+
+
+def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: Path):
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "operator": {
+                    "ordering": "ShortestFirst",
+                    "backfill": True,
+                    "fairShare": True,
+                    "smallJobMaxGpus": 2,
+                    "quotas": {"research": 16, "production": 64},
+                    "cycleInterval": 0.5,
+                }
+            }
+        )
+    )
+    manifests = helm.render("-f", str(values))
+    args = containers(manifests[("Deployment", "gangshare-operator")])["operator"]["args"]
+    assert args == [
+        "operator",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--scheduler-name=gangshare-scheduler",
+        "--ordering=ShortestFirst",
+        "--cycle-interval=0.5",
+        "--backfill",
+        "--fair-share",
+        "--small-job-max-gpus=2",
+        "--quota=production=64",
+        "--quota=research=16",
+        "--user-error-retries=0",
+        "--backoff-base-seconds=10",
+    ]
+    parsed = cli_parser().parse_args(args)
+    assert parse_quotas(parsed.quota) == {"research": 16, "production": 64}
+    assert (parsed.ordering, parsed.small_job_max_gpus, parsed.cycle_interval) == (
+        "ShortestFirst",
+        2,
+        0.5,
+    )
+    assert parsed.backfill and parsed.fair_share
+
+    defaults = helm.render()
+    args = containers(defaults[("Deployment", "gangshare-operator")])["operator"]["args"]
+    assert not any(a.startswith(("--quota", "--backfill", "--fair-share", "--small")) for a in args)
+    parsed = cli_parser().parse_args(args)
+    assert (parsed.ordering, parsed.quota, parsed.liveness) == (
+        "Priority",
+        [],
+        "http://0.0.0.0:8080/healthz",
+    )
+    extender = containers(defaults[("Deployment", "gangshare-scheduler")])["extender"]
+    assert cli_parser().parse_args(extender["args"]).port == 8888
+
+
+def test_pods_are_locked_down_and_the_operator_is_a_singleton(helm: Helm):
+    manifests = helm.render("--set", "image.repository=registry.example/gangshare")
+    operator = manifests[("Deployment", "gangshare-operator")]
+    assert operator["spec"]["replicas"] == 1
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    probe = containers(operator)["operator"]["livenessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/healthz", "healthz")
+    for name in ("gangshare-operator", "gangshare-scheduler"):
+        pod = manifests[("Deployment", name)]["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in containers(manifests[("Deployment", name)]).values():
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"] == {"drop": ["ALL"]}
+    pod = containers(manifests[("Deployment", "gangshare-scheduler")])
+    # The extender is a native sidecar: started, and startup-probed, before kube-scheduler.
+    assert pod["extender"]["restartPolicy"] == "Always"
+    assert pod["extender"]["image"] == "registry.example/gangshare:0.1.0"
+    assert pod["extender"]["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.35.4"
+    assert "--config=/etc/gangshare/scheduler-config.yaml" in pod["kube-scheduler"]["command"]
+
+
+# ----- a release in the session cluster --------------------------------------------------------
+
+
+@dataclass
+class Release:
+    name: str
+    namespace: str
+    scheduler_name: str
+    manifests: Manifests
+
+    def sa(self, who: str) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.name}-{who}"
+
+
+def crd_exists(kube: Kube) -> bool:
+    try:
+        kube.extensions.read_custom_resource_definition(CRD_NAME)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
+
+
+@pytest.fixture(scope="module")
+def release(kube: Kube, helm: Helm) -> Iterator[Release]:
+    suffix = uuid.uuid4().hex[:6]
+    name, namespace = f"gangshare-{suffix}", f"gs-{suffix}"
+    scheduler_name = f"gs-helm-{suffix}"  # not the session's own gangshare-scheduler
+    kubeconfig = f"--kubeconfig={kube.state.kubeconfig}"
+    crd_was_there = crd_exists(kube)
+    # Users pass --create-namespace; this namespace is made first to enforce the "restricted" Pod
+    # Security Standard, so the chart's pods are only created if every container complies.
+    restricted = {f"pod-security.kubernetes.io/{k}": "restricted" for k in ("enforce", "warn")}
+    kube.core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels=restricted))
+    )
+    try:
+        helm(
+            *("install", name, str(CHART), "-n", namespace, "--wait=false"),
+            *("--set", f"schedulerName={scheduler_name}", kubeconfig),
+        )
+        manifest = helm("get", "manifest", name, "-n", namespace, kubeconfig).stdout
+        yield Release(name, namespace, scheduler_name, by_kind_and_name(manifest))
+    finally:
+        # The last test uninstalls; this is for a run that stopped before it.
+        helm("uninstall", name, "-n", namespace, "--wait", kubeconfig, check=False)
+        # Helm created the CRD if it was missing, and Helm never deletes CRDs: this test does,
+        # leaving the session cluster as it found it (the integration tests install it themselves).
+        delete_crd = not crd_was_there and crd_exists(kube)
+        with contextlib.suppress(ApiException):
+            # Pods first, without grace: the namespace controller would otherwise wait out their
+            # 30 s termination grace period (KWOK pods have nothing to shut down).
+            kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+            kube.core.delete_namespace(namespace)
+        if delete_crd:
+            kube.extensions.delete_custom_resource_definition(CRD_NAME)
+
+        def cleaned_up() -> bool:
+            namespaces = {n.metadata.name for n in kube.core.list_namespace().items}
+            return namespace not in namespaces and not (delete_crd and crd_exists(kube))
+
+        eventually(cleaned_up, timeout=90, what=f"namespace {namespace} (and the CRD) deleted")
+
+
+def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
+    name, ns = release.name, release.namespace
+    apps = client.AppsV1Api(kube.api_client)
+    rbac = client.RbacAuthorizationV1Api(kube.api_client)
+    operator = apps.read_namespaced_deployment(f"{name}-operator", ns)
+    assert operator.spec.replicas == 1
+    scheduler = apps.read_namespaced_deployment(f"{name}-scheduler", ns)
+    # The API server kept the extender as a native sidecar beside kube-scheduler.
+    [sidecar] = scheduler.spec.template.spec.init_containers
+    assert (sidecar.name, sidecar.restart_policy) == ("extender", "Always")
+    assert [c.name for c in scheduler.spec.template.spec.containers] == ["kube-scheduler"]
+    for who in ("operator", "scheduler"):
+        kube.core.read_namespaced_service_account(f"{name}-{who}", ns)
+    for cluster_role in (f"{name}-operator", f"{name}-extender"):
+        rbac.read_cluster_role(cluster_role)
+    bindings = {
+        f"{name}-operator": f"{name}-operator",
+        f"{name}-extender": f"{name}-extender",
+        f"{name}-scheduler-as-kube-scheduler": "system:kube-scheduler",
+        f"{name}-scheduler-as-volume-scheduler": "system:volume-scheduler",
+    }
+    for binding, role in bindings.items():
+        assert rbac.read_cluster_role_binding(binding).role_ref.name == role
+    rbac.read_namespaced_role(f"{name}-scheduler-leader-election", ns)
+    rbac.read_namespaced_role_binding(f"{name}-scheduler-leader-election", ns)
+    reader = rbac.read_namespaced_role_binding(f"{name}-{ns}-scheduler-auth-reader", "kube-system")
+    assert reader.role_ref.name == "extension-apiserver-authentication-reader"
+    service = kube.core.read_namespaced_service(f"{name}-extender", ns)
+    assert [(p.name, p.port) for p in service.spec.ports] == [("metrics", 8888)]
+    assert service.spec.selector == scheduler.spec.selector.match_labels
+    config = kube.core.read_namespaced_config_map(f"{name}-scheduler-config", ns)
+    assert yaml.safe_load(config.data["scheduler-config.yaml"])["profiles"] == [
+        {"schedulerName": release.scheduler_name}
+    ]
+    for obj in (operator, scheduler, service, config):
+        assert obj.metadata.labels["app.kubernetes.io/instance"] == name
+        assert obj.metadata.labels["app.kubernetes.io/managed-by"] == "Helm"
+
+    def established() -> bool:
+        crd = kube.extensions.read_custom_resource_definition(CRD_NAME)
+        return any(
+            c.type == "Established" and c.status == "True" for c in crd.status.conditions or []
+        )
+
+    eventually(established, what="TrainingJob CRD established")
+
+    def pods_admitted() -> bool:
+        pods = kube.core.list_namespaced_pod(
+            ns, label_selector=f"app.kubernetes.io/instance={name}"
+        )
+        components = {p.metadata.labels["app.kubernetes.io/component"] for p in pods.items}
+        return components == {"operator", "scheduler"}
+
+    # Admitted by Pod Security "restricted" (the ReplicaSets could not create them otherwise).
+    eventually(pods_admitted, what="operator and scheduler pods created")
+
+
+# Every API call the components make, as `kubectl auth can-i` checks of their service accounts,
+# and a few they must not be able to make.
+#   (account, verb, resource, subresource, namespace, allowed)
+# account: "operator" or "scheduler" (the extender and kube-scheduler share the scheduler pod's);
+# namespace: "*" all namespaces, "release" the release namespace, or a namespace's name.
+RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
+    # operator: kopf's watches and src/gangshare/operator/kubeapi.py
+    ("operator", "list", "trainingjobs.gangshare.io", "", "*", True),
+    ("operator", "watch", "trainingjobs.gangshare.io", "", "*", True),
+    ("operator", "get", "trainingjobs.gangshare.io", "", "*", True),
+    ("operator", "delete", "trainingjobs.gangshare.io", "", "*", True),
+    ("operator", "patch", "trainingjobs.gangshare.io", "status", "*", True),
+    ("operator", "update", "trainingjobs.gangshare.io", "finalizers", "*", True),
+    ("operator", "list", "pods", "", "*", True),
+    ("operator", "watch", "pods", "", "*", True),
+    ("operator", "create", "pods", "", "*", True),
+    ("operator", "patch", "pods", "", "*", True),
+    ("operator", "delete", "pods", "", "*", True),
+    ("operator", "get", "services", "", "*", True),
+    ("operator", "create", "services", "", "*", True),
+    ("operator", "list", "nodes", "", "", True),
+    ("operator", "watch", "nodes", "", "", True),
+    ("operator", "create", "events.events.k8s.io", "", "*", True),
+    ("operator", "list", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
+    ("operator", "watch", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
+    ("operator", "update", "trainingjobs.gangshare.io", "", "*", False),
+    ("operator", "patch", "nodes", "", "", False),
+    ("operator", "create", "pods", "binding", "*", False),
+    ("operator", "get", "secrets", "", "*", False),
+    ("operator", "delete", "services", "", "*", False),
+    # extender: src/gangshare/extender/watch.py and binder.py
+    ("scheduler", "list", "nodes", "", "", True),
+    ("scheduler", "watch", "nodes", "", "", True),
+    ("scheduler", "list", "pods", "", "*", True),
+    ("scheduler", "watch", "pods", "", "*", True),
+    ("scheduler", "get", "pods", "", "*", True),
+    ("scheduler", "create", "pods", "binding", "*", True),
+    # kube-scheduler: its Lease, delegated authentication, events
+    ("scheduler", "create", "leases.coordination.k8s.io", "", "release", True),
+    ("scheduler", "get", "leases.coordination.k8s.io/gangshare-scheduler", "", "release", True),
+    ("scheduler", "update", "leases.coordination.k8s.io/gangshare-scheduler", "", "release", True),
+    (
+        "scheduler",
+        "get",
+        "configmaps/extension-apiserver-authentication",
+        "",
+        "kube-system",
+        True,
+    ),
+    ("scheduler", "create", "events.events.k8s.io", "", "*", True),
+    ("scheduler", "create", "tokenreviews.authentication.k8s.io", "", "", True),
+    ("scheduler", "create", "subjectaccessreviews.authorization.k8s.io", "", "", True),
+    ("scheduler", "update", "leases.coordination.k8s.io/someone-else", "", "release", False),
+    ("scheduler", "get", "configmaps/kube-root-ca.crt", "", "kube-system", False),
+    ("scheduler", "create", "pods", "", "*", False),
+    ("scheduler", "patch", "pods", "", "*", False),  # the Binding carries the GPU annotations
+    ("scheduler", "delete", "trainingjobs.gangshare.io", "", "*", False),
+    ("scheduler", "get", "secrets", "", "*", False),
+]
+
+
+def test_service_accounts_may_do_exactly_what_the_code_does(kube: Kube, release: Release):
+    def check(row: tuple[str, str, str, str, str, bool]) -> str | None:
+        who, verb, resource, subresource, namespace, allowed = row
+        scope = {"*": ["-A"], "": [], "release": ["-n", release.namespace]}.get(
+            namespace, ["-n", namespace]
+        )
+        extra = [f"--subresource={subresource}"] if subresource else []
+        argv = ["auth", "can-i", verb, resource, *extra, *scope, f"--as={release.sa(who)}"]
+        done = subprocess.run(kube.kubectl(*argv), capture_output=True, text=True, timeout=30)
+        answer = done.stdout.strip()
+        if answer not in ("yes", "no"):
+            return f"{row}: kubectl said {done.stdout!r} {done.stderr!r}"
+        return None if (answer == "yes") == allowed else f"{row}: got {answer!r}"
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        wrong = [problem for problem in pool.map(check, RBAC_TABLE) if problem]
+    assert wrong == [], "\n".join(wrong)
+
+
+def sa_kubeconfig(kube: Kube, release: Release, who: str, folder: Path) -> Path:
+    """A kubeconfig that authenticates with a fresh token of one of the chart's accounts."""
+    token = subprocess.run(
+        kube.kubectl(
+            "create", "token", f"{release.name}-{who}", "-n", release.namespace, "--duration=1h"
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    config = yaml.safe_load(Path(kube.state.kubeconfig).read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = folder / f"{who}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def with_flags(argv: list[str], **flags: str) -> list[str]:
+    """argv with `--flag=value` entries replaced (or added); underscores become dashes."""
+    wanted = {f"--{k.replace('_', '-')}": v for k, v in flags.items()}
+    kept = [a for a in argv if a.split("=", 1)[0] not in wanted]
+    return kept + [f"{k}={v}" for k, v in wanted.items()]
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+def https_ok(url: str) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # kube-scheduler's self-signed serving cert, on loopback
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_components_run_under_their_service_accounts(
+    kube: Kube, release: Release, namespace: str, tmp_path: Path
+):
+    name = release.name
+    operator_args = containers(release.manifests[("Deployment", f"{name}-operator")])["operator"][
+        "args"
+    ]
+    pod = containers(release.manifests[("Deployment", f"{name}-scheduler")])
+    config = scheduler_config(release.manifests, name)
+    scheduler_kubeconfig = sa_kubeconfig(kube, release, "scheduler", tmp_path)
+    operator_kubeconfig = sa_kubeconfig(kube, release, "operator", tmp_path)
+    extender_port, scheduler_port, liveness_port = (processes.free_port() for _ in range(3))
+    # The chart's configuration; only what differs outside a pod is rewritten.
+    config["clientConnection"]["kubeconfig"] = str(scheduler_kubeconfig)
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}/"
+    config_file = tmp_path / "scheduler-config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    logs = tmp_path / "logs"
+    extender_args = with_flags(
+        pod["extender"]["args"],
+        host="127.0.0.1",
+        port=str(extender_port),
+        kubeconfig=str(scheduler_kubeconfig),
+    )
+    scheduler_args = with_flags(
+        pod["kube-scheduler"]["command"][1:],
+        config=str(config_file),
+        secure_port=str(scheduler_port),
+        bind_address="127.0.0.1",
+        authentication_kubeconfig=str(scheduler_kubeconfig),
+        authorization_kubeconfig=str(scheduler_kubeconfig),
+    )
+    operator_args = with_flags(
+        operator_args,
+        liveness=f"http://127.0.0.1:{liveness_port}/healthz",
+        kubeconfig=str(operator_kubeconfig),
+    )
+    python = [sys.executable, "-m", "gangshare.cli"]
+    argvs = {
+        "extender": [*python, *extender_args],
+        "kube-scheduler": [str(kube.bins / "kube-scheduler"), *scheduler_args],
+        "operator": [*python, *operator_args],
+    }
+    started: list[processes.Child] = []
+
+    def start(component: str, ready: Callable[[], bool]) -> None:
+        started.append(processes.start(component, argvs[component], logs, attached=True))
+        eventually(ready, timeout=30, what=f"{component} ready; log in {logs}")
+
+    try:
+        start("extender", lambda: http_status(f"http://127.0.0.1:{extender_port}/readyz") == 200)
+        start("kube-scheduler", lambda: https_ok(f"https://127.0.0.1:{scheduler_port}/healthz"))
+        start("operator", lambda: http_status(f"http://127.0.0.1:{liveness_port}/healthz") == 200)
+        coordination = client.CoordinationV1Api(kube.api_client)
+        lease = "gangshare-scheduler"
+        eventually(
+            lambda: (
+                coordination.read_namespaced_lease(lease, release.namespace).spec.holder_identity
+            ),
+            what=f"kube-scheduler holds the Lease {lease} in the release namespace",
+        )
+        run_a_gang_and_a_gpu_pod(kube, release, namespace)
+    finally:
+        survivors = processes.stop(started)
+        # Without grace: the namespace fixture then need not wait out 30 s per pod.
+        kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    assert survivors == []
+    for child in started:
+        text = child.log.read_text(errors="replace")
+        for bad in ("forbidden", "not enough permissions", "scheduling pass failed"):
+            assert bad not in text.lower(), f"{child.name}: {bad!r} in\n{text[-4000:]}"
+
+
+def run_a_gang_and_a_gpu_pod(kube: Kube, release: Release, namespace: str) -> None:
+    """A 2-worker TrainingJob (operator) and a bare GPU pod (extender's own GPU choice)."""
+    finish = {"gangshare.io/kwok-exit-code": "0", "gangshare.io/kwok-run-for": "1s"}
+    job = {
+        "apiVersion": "gangshare.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "pair"},
+        "spec": {
+            "workers": 2,
+            "gpusPerWorker": 1,
+            "template": {
+                "metadata": {"annotations": finish},
+                "spec": {"containers": [{"name": "trainer", "image": "example.invalid/t:1"}]},
+            },
+        },
+    }
+    kube.custom.create_namespaced_custom_object(*TJ[:2], namespace, TJ[2], job)
+    gpu = {"nvidia.com/gpu": "1"}
+    kube.core.create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name="solo"),
+            spec=client.V1PodSpec(
+                scheduler_name=release.scheduler_name,
+                restart_policy="Never",
+                containers=[
+                    client.V1Container(
+                        name="c",
+                        image="example.invalid/t:1",
+                        resources=client.V1ResourceRequirements(requests=gpu, limits=gpu),
+                    )
+                ],
+            ),
+        ),
+    )
+
+    def job_phase() -> str | None:
+        status = kube.custom.get_namespaced_custom_object(*TJ[:2], namespace, TJ[2], "pair")
+        phase = (status.get("status") or {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    assert eventually(job_phase, timeout=60, what="TrainingJob finished") == "Succeeded"
+
+    def solo_bound() -> client.V1Pod | None:
+        pod = kube.core.read_namespaced_pod("solo", namespace)
+        return pod if pod.spec.node_name else None
+
+    solo = eventually(solo_bound, what="solo pod bound")
+    # The extender's GPU choice reached the pod (on the Binding's annotations).
+    assert solo.metadata.annotations["gangshare.io/planned-gpus"]
+    workers = kube.core.list_namespaced_pod(namespace, label_selector="gangshare.io/job=pair")
+    assert {p.spec.scheduler_name for p in workers.items} == {release.scheduler_name}
+    # kube-scheduler, under the chart's account, reports Scheduled under its profile name.
+    scheduled = {
+        e.involved_object.name
+        for e in kube.core.list_namespaced_event(namespace).items
+        if e.reason == "Scheduled" and e.reporting_component == release.scheduler_name
+    }
+    assert {"pair-worker-0", "pair-worker-1", "solo"} <= scheduled, scheduled
+
+
+def test_uninstall_removes_the_release_but_keeps_the_crd(kube: Kube, helm: Helm, release: Release):
+    helm(
+        *("uninstall", release.name, "-n", release.namespace, "--wait"),
+        f"--kubeconfig={kube.state.kubeconfig}",
+    )
+    selector = f"app.kubernetes.io/instance={release.name}"
+    apps = client.AppsV1Api(kube.api_client)
+    rbac = client.RbacAuthorizationV1Api(kube.api_client)
+    ns = release.namespace
+
+    def leftovers() -> list[str]:
+        found = [
+            *apps.list_namespaced_deployment(ns, label_selector=selector).items,
+            *kube.core.list_namespaced_service_account(ns, label_selector=selector).items,
+            *kube.core.list_namespaced_service(ns, label_selector=selector).items,
+            *kube.core.list_namespaced_config_map(ns, label_selector=selector).items,
+            *rbac.list_namespaced_role(ns, label_selector=selector).items,
+            *rbac.list_namespaced_role_binding(ns, label_selector=selector).items,
+            *rbac.list_namespaced_role_binding("kube-system", label_selector=selector).items,
+            *rbac.list_cluster_role(label_selector=selector).items,
+            *rbac.list_cluster_role_binding(label_selector=selector).items,
+        ]
+        return [f"{o.kind or type(o).__name__}/{o.metadata.name}" for o in found]
+
+    def all_gone() -> bool:
+        left = leftovers()
+        assert not left, left
+        return True
+
+    eventually(all_gone, timeout=30, what="release objects deleted")
+    # Helm never deletes CRDs (nor the TrainingJobs they hold): that is the user's decision.
+    assert crd_exists(kube)
