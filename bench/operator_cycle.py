@@ -19,8 +19,7 @@ from typing import Any
 
 from gangshare.core.cycle import schedule_cycle
 from gangshare.core.queueing import Ordering, QueuePolicy
-from gangshare.core.spec import parse_cluster_spec
-from gangshare.kube.nodes import node_manifest
+from gangshare.kube.nodes import ready_node_objects
 from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import parse_trainingjob
 
@@ -28,23 +27,20 @@ SIZES = [(1, 1)] * 70 + [(1, 2)] * 10 + [(1, 4)] * 8 + [(1, 8)] * 6 + [(2, 8)] *
 
 
 def nodes(count: int) -> list[dict[str, Any]]:
-    spec = {
-        "nodePools": [
-            {
-                "name": "gpu",
-                "count": count,
-                "gpusPerNode": 8,
-                "racks": [f"rack-{r}" for r in range(max(1, count // 40))],
-                "nvlinkIslands": [[0, 1, 2, 3], [4, 5, 6, 7]],
-            }
-        ]
-    }
-    result = []
-    for node in parse_cluster_spec(spec):
-        manifest = node_manifest(node)
-        manifest["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-        result.append(manifest)
-    return result
+    racks = [f"rack-{r}" for r in range(max(1, count // 40))]
+    return ready_node_objects(
+        {
+            "nodePools": [
+                {
+                    "name": "gpu",
+                    "count": count,
+                    "gpusPerNode": 8,
+                    "racks": racks,
+                    "nvlinkIslands": [[0, 1, 2, 3], [4, 5, 6, 7]],
+                }
+            ]
+        }
+    )
 
 
 def job(

@@ -45,6 +45,37 @@ class Kube:
         return [str(self.bins / "kubectl"), f"--kubeconfig={self.state.kubeconfig}", *args]
 
 
+def gpu_pod(
+    name: str,
+    gpus: int,
+    resource: str = "nvidia.com/gpu",
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    scheduler: str | None = None,
+    node_name: str | None = None,
+    node_selector: dict[str, str] | None = None,
+) -> client.V1Pod:
+    """A one-container pod asking for GPUs (whole ones, or gangshare share slots)."""
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, annotations=annotations or {}, labels=labels or {}),
+        spec=client.V1PodSpec(
+            scheduler_name=scheduler,
+            node_name=node_name,
+            node_selector=node_selector,
+            restart_policy="Never",
+            containers=[
+                client.V1Container(
+                    name="train",
+                    image="example.invalid/train:1",
+                    resources=client.V1ResourceRequirements(
+                        requests={resource: str(gpus)}, limits={resource: str(gpus)}
+                    ),
+                )
+            ],
+        ),
+    )
+
+
 def start_session_cluster(root: Path) -> tuple[LocalCluster, Kube]:
     bins = binaries.bin_dir(build=True)
     cluster = LocalCluster(root, bins, attached=True)

@@ -7,27 +7,9 @@ import subprocess
 import pytest
 from kubernetes import client
 
-from kube import Kube, eventually
+from kube import Kube, eventually, gpu_pod
 
 pytestmark = pytest.mark.e2e
-
-
-def gpu_pod(name: str, gpus: int, annotations: dict[str, str] | None = None) -> client.V1Pod:
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, annotations=annotations or {}),
-        spec=client.V1PodSpec(
-            restart_policy="Never",
-            containers=[
-                client.V1Container(
-                    name="train",
-                    image="example.invalid/train:1",
-                    resources=client.V1ResourceRequirements(
-                        requests={"nvidia.com/gpu": str(gpus)}, limits={"nvidia.com/gpu": str(gpus)}
-                    ),
-                )
-            ],
-        ),
-    )
 
 
 def test_nodes_carry_gpu_capacity_and_topology(kube: Kube):
@@ -106,7 +88,7 @@ def test_pod_larger_than_any_node_stays_pending_with_a_reason(kube: Kube, namesp
 @pytest.mark.parametrize(("code", "phase"), [("0", "Succeeded"), ("3", "Failed")])
 def test_marked_pods_finish_with_their_exit_code(kube: Kube, namespace: str, code: str, phase: str):
     marker = {"gangshare.io/kwok-exit-code": code, "gangshare.io/kwok-run-for": "1s"}
-    kube.core.create_namespaced_pod(namespace, gpu_pod("finisher", 1, marker))
+    kube.core.create_namespaced_pod(namespace, gpu_pod("finisher", 1, annotations=marker))
 
     def finished() -> client.V1Pod | None:
         pod = kube.core.read_namespaced_pod("finisher", namespace)

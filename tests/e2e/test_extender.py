@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from gangshare.core.annotations import NODE_UTILIZATION, encode_utilization
 from gangshare.core.spec import parse_cluster_spec
 from gangshare.kube.nodes import node_manifest
-from kube import Kube, eventually
+from kube import Kube, eventually, gpu_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -78,25 +77,15 @@ class Pool:
         annotations: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
     ) -> None:
-        body = client.V1Pod(
-            metadata=client.V1ObjectMeta(
-                name=name, annotations=annotations or {}, labels=labels or {}
-            ),
-            spec=client.V1PodSpec(
-                scheduler_name="gangshare-scheduler",
-                node_name=node_name,
-                node_selector={"gangshare.io/pool": self.label},
-                restart_policy="Never",
-                containers=[
-                    client.V1Container(
-                        name="t",
-                        image="example.invalid/t:1",
-                        resources=client.V1ResourceRequirements(
-                            requests={resource: str(gpus)}, limits={resource: str(gpus)}
-                        ),
-                    )
-                ],
-            ),
+        body = gpu_pod(
+            name,
+            gpus,
+            resource,
+            annotations,
+            labels,
+            scheduler="gangshare-scheduler",
+            node_name=node_name,
+            node_selector={"gangshare.io/pool": self.label},
         )
         self.kube.core.create_namespaced_pod(self.namespace, body)
 

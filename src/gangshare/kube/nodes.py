@@ -14,7 +14,7 @@ from gangshare.core.annotations import (
     SHARE_RESOURCE,
     encode_topology,
 )
-from gangshare.core.spec import NodeSpec
+from gangshare.core.spec import NodeSpec, parse_cluster_spec
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
@@ -54,3 +54,13 @@ def node_manifest(spec: NodeSpec) -> dict[str, Any]:
         "spec": {},
         "status": {"capacity": dict(resources), "allocatable": dict(resources)},
     }
+
+
+def ready_node_objects(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Node objects for a cluster spec as the API server shows them once Ready (tests, bench)."""
+    result = []
+    for node in parse_cluster_spec(doc):
+        manifest = node_manifest(node)
+        manifest["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        result.append(manifest)
+    return result

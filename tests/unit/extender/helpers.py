@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from gangshare.core.clock import ManualClock
-from gangshare.core.spec import parse_cluster_spec
 from gangshare.extender.cache import ClusterCache
-from gangshare.kube.nodes import node_manifest
+from gangshare.kube.nodes import ready_node_objects as node_objects
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -19,15 +18,6 @@ def recorded(verb: str) -> dict[str, Any]:
     """A request body exactly as kube-scheduler v1.35.4 sent it (see recorded/README.md)."""
     data: dict[str, Any] = json.loads((RECORDED / f"{verb}-request.json").read_text())
     return data
-
-
-def node_objects(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    result = []
-    for node in parse_cluster_spec(spec):
-        manifest = node_manifest(node)
-        manifest["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-        result.append(manifest)
-    return result
 
 
 def gpu_pod(
