@@ -1,0 +1,65 @@
+"""The simulator's decision step: the operator's scheduling cycle, on the jobs that can matter.
+
+`decide` is `gangshare.core.cycle.schedule_cycle` called on the live cluster, the
+running jobs and the pending jobs `PendingIndex.candidates` keeps. The core
+applies each admitted plan to the cluster itself. The counts it takes as keyword
+arguments (free GPUs, quota usage, free share slots) are what the engine tracks
+as it goes; left out, they are recomputed from the cluster and the running jobs
+(the tests compare both against `schedule_cycle` on every pending job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gangshare.core import Cluster, ServiceClass
+from gangshare.core.cycle import CycleResult, schedule_cycle
+from gangshare.core.queueing import QueuePolicy, RunningJob
+from gangshare.sim.pending import PendingIndex
+
+
+def free_guaranteed_gpus(cluster: Cluster) -> int:
+    return sum(node.free_guaranteed for node in cluster.nodes.values())
+
+
+def free_share_slots(cluster: Cluster) -> int:
+    return sum(
+        gpu.free_share_slots()
+        for node in cluster.nodes.values()
+        for gpu in node.gpus
+        if gpu.gpu.healthy
+    )
+
+
+def guaranteed_usage(running: Sequence[RunningJob]) -> dict[str, int]:
+    """Guaranteed GPUs per queue, as the cycle's phase 1 counts them."""
+    usage: dict[str, int] = {}
+    for job in running:
+        if job.service_class is ServiceClass.GUARANTEED:
+            usage[job.queue] = usage.get(job.queue, 0) + job.gpus
+    return usage
+
+
+def quota_headroom(policy: QueuePolicy, usage: Mapping[str, int]) -> dict[str, int]:
+    return {queue: quota - usage.get(queue, 0) for queue, quota in policy.quotas.items()}
+
+
+def decide(
+    cluster: Cluster,
+    pending: PendingIndex,
+    running: Sequence[RunningJob],
+    policy: QueuePolicy,
+    now: float,
+    *,
+    free_gpus: int | None = None,
+    usage: Mapping[str, int] | None = None,
+    share_slots: int | None = None,
+) -> CycleResult:
+    if free_gpus is None:
+        free_gpus = free_guaranteed_gpus(cluster)
+    if usage is None:
+        usage = guaranteed_usage(running)
+    if share_slots is None:
+        share_slots = free_share_slots(cluster)
+    jobs = pending.candidates(free_gpus, quota_headroom(policy, usage), share_slots)
+    return schedule_cycle(cluster, jobs, list(running), policy, now)

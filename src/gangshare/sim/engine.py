@@ -1,0 +1,371 @@
+"""The event loop: arrivals, completions and control ticks on a virtual clock.
+
+At each instant, in this order: completions (their GPUs are released through
+`Cluster.release`, their run time feeds the RuntimeEstimator), the coordinator's
+control tick, arrivals, then one scheduling cycle (`decide`, i.e. the core's
+`schedule_cycle`) when something could be admitted. Pending jobs carry the
+estimator's prediction of the moment, as the operator's do; a running job is
+expected to end at its start plus the prediction it was admitted with. A cycle is skipped when only
+arrivals happened and `PendingIndex.may_start` shows none of them can start:
+nothing was freed, so everything that waited before still waits.
+
+Jobs progress at the speed the ledger gives them (1.0 alone on their GPUs), so a
+completion is rescheduled whenever a job's speed changes. An opportunistic job
+whose GPU runs out of memory (a guaranteed job placed beside it in the same
+cycle) is evicted and requeued; it keeps the work it has done (checkpointed).
+
+A job that could not be placed even on the empty cluster, or that asks for more
+guaranteed GPUs than its queue's quota, is rejected on arrival (as the operator's
+validation would) instead of blocking its lane for ever.
+
+The node agent's reports (utilization, memory in use) are published as soon as
+tenants change, and the operator cycles again at the same instant when a cycle
+admitted work while opportunistic jobs wait: memory beside a just-admitted
+guaranteed job can only be lent once its use is published.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gangshare.core import ServiceClass
+from gangshare.core.clock import ManualClock
+from gangshare.core.cycle import Admission
+from gangshare.core.estimate import RuntimeEstimator
+from gangshare.core.gang import GangPlan, plan_gang
+from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
+from gangshare.sim.clusters import SimCluster
+from gangshare.sim.colocation import ColocationModel
+from gangshare.sim.decide import decide
+from gangshare.sim.ledger import GpuId, GpuLedger
+from gangshare.sim.metrics import JobRecord, TimeSeries
+from gangshare.sim.pending import PendingIndex
+from gangshare.sim.policy import SimPolicy
+from gangshare.sim.workload import JobSpec
+
+COMPLETE, TICK = 0, 1
+# A cycle may follow a cycle at one instant (evictions, newly published memory); the bound.
+MAX_CYCLES_PER_INSTANT = 4
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    tolerance: float = 0.05
+    control_period: float = 60.0
+    bin_seconds: float = 3600.0
+    check_invariants: bool = False
+
+
+@dataclass(eq=False)
+class JobState:
+    spec: JobSpec
+    queued: QueuedJob
+    gpus: list[GpuId] = field(default_factory=list)
+    pending_since: float = 0.0
+    queued_for: float = 0.0
+    first_start: float | None = None
+    start: float = 0.0
+    done: float = 0.0
+    speed: float = 0.0
+    updated: float = 0.0
+    version: int = 0
+    evictions: int = 0
+    held: float = 0.0
+
+
+@dataclass
+class Counters:
+    instants: int = 0
+    cycles: int = 0
+    skipped_cycles: int = 0
+    completions: int = 0
+    ticks: int = 0
+    evictions: int = 0
+
+
+class Simulation:
+    def __init__(
+        self,
+        specs: Sequence[JobSpec],
+        setup: SimCluster,
+        policy: SimPolicy,
+        model: ColocationModel,
+        config: SimConfig | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.setup = setup
+        self.cluster = setup.cluster
+        self.policy = policy
+        self.queue_policy: QueuePolicy = policy.queue_policy(setup.quotas, setup.weights)
+        ordered = sorted(specs, key=lambda s: s.trace.submit)
+        # Checked while the cluster is still empty; shapes repeat, so answers are kept.
+        self._shapes: dict[tuple[object, ...], bool] = {}
+        self.rejected = [s.key for s in ordered if not self._feasible(s)]
+        refused = set(self.rejected)
+        self.specs = [s for s in ordered if s.key not in refused]
+        self.config = config = config or SimConfig()
+        self.clock = ManualClock()
+        self.estimator = RuntimeEstimator(self.queue_policy.default_runtime_seconds)
+        # As the operator does each pass: estimates of the moment, unless the oracle knows.
+        self.pending = PendingIndex(
+            self.queue_policy, None if policy.oracle else self.estimator.predict
+        )
+        self.running: dict[str, RunningJob] = {}
+        self.jobs: dict[str, JobState] = {}
+        self.usage: dict[str, int] = {}
+        self.free_gpus = sum(n.free_guaranteed for n in self.cluster.nodes.values())
+        self.ledger = GpuLedger(
+            self.cluster, model, lambda owner: self.jobs[owner].spec.workload, config.tolerance
+        )
+        self.series = TimeSeries(config.bin_seconds)
+        self.records: list[JobRecord] = []
+        self.counters = Counters()
+        self.on_progress = on_progress
+        # Called after every instant; tests and --check-invariants hang assertions here.
+        self.check: Callable[[Simulation], None] | None = None
+        self._events: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self._ticks: set[float] = set()
+        self._now = 0.0
+        self.wall_seconds = 0.0
+
+    def _feasible(self, spec: JobSpec) -> bool:
+        """Could the job run at all: placeable on the empty cluster, within its queue's quota."""
+        gang = spec.gang
+        quota = self.queue_policy.quotas.get(spec.trace.queue)
+        guaranteed = gang.service_class is ServiceClass.GUARANTEED
+        if guaranteed and quota is not None and gang.total_gpus > quota:
+            return False
+        shape: tuple[object, ...] = (gang.service_class, gang.workers, gang.gpus_per_worker)
+        shape += (gang.gpu_model, gang.gpu_memory_mib, gang.topology)
+        if shape not in self._shapes:
+            self._shapes[shape] = isinstance(plan_gang(self.cluster, gang), GangPlan)
+        return self._shapes[shape]
+
+    # ----- the loop ------------------------------------------------------------------------
+
+    def run(self) -> list[JobRecord]:
+        began = time.perf_counter()
+        arrivals, i, events = self.specs, 0, self._events
+        if arrivals:
+            self._now = arrivals[0].trace.submit
+            self.clock.set(self._now)
+        while True:
+            self._drop_stale()
+            if i >= len(arrivals) and not events:
+                break
+            now = min(
+                arrivals[i].trace.submit if i < len(arrivals) else float("inf"),
+                events[0][0] if events else float("inf"),
+            )
+            self._advance(now)
+            freed = tick = False
+            while events and events[0][0] <= now:
+                when, _, kind, key, version = heapq.heappop(events)
+                if kind == TICK:
+                    tick = True
+                    self._ticks.discard(when)
+                elif key in self.running and self.jobs[key].version == version:
+                    self._finish(self.jobs[key], now)
+                    freed = True
+            if tick:
+                self.counters.ticks += 1
+                self._update_speeds(self.ledger.control(), now)
+            arrived: list[QueuedJob] = []
+            while i < len(arrivals) and arrivals[i].trace.submit <= now:
+                arrived.append(self._arrive(arrivals[i], now))
+                i += 1
+            if self.pending and (freed or self._any_may_start(arrived)):
+                self._cycles(now)
+            elif arrived:
+                self.counters.skipped_cycles += 1
+            self._schedule_tick(now)
+            self.counters.instants += 1
+            if self.check is not None:
+                self.check(self)
+            if self.on_progress is not None:
+                self.on_progress(len(self.records))
+        self.wall_seconds = time.perf_counter() - began
+        return self.records
+
+    def _drop_stale(self) -> None:
+        """Events that would do nothing; left in the heap, they would still move time.
+
+        A completion superseded by a speed change, or a tick with no GPU left to adjust.
+        """
+        events = self._events
+        while events:
+            when, _, kind, key, version = events[0]
+            if kind == TICK:
+                if self.ledger.dirty:
+                    return
+                self._ticks.discard(when)
+            elif key in self.running and self.jobs[key].version == version:
+                return
+            heapq.heappop(events)
+
+    def _advance(self, now: float) -> None:
+        ledger = self.ledger
+        waiting = 1.0 if self.pending else 0.0
+        values: tuple[float, ...] = (ledger.util_sum, ledger.memory_sum, ledger.busy)
+        values += (ledger.guaranteed, ledger.slots_used, waiting, waiting * ledger.util_sum)
+        values += (waiting * ledger.memory_sum, ledger.beside)
+        self.series.add(self._now, now, values)
+        self._now = now
+        self.clock.set(now)
+
+    def _push(self, when: float, kind: int, key: str = "", version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (when, self._seq, kind, key, version))
+
+    def _schedule_tick(self, now: float) -> None:
+        if not self.ledger.dirty:
+            return
+        period = self.config.control_period
+        when = (now // period + 1) * period
+        if when not in self._ticks:
+            self._ticks.add(when)
+            self._push(when, TICK)
+
+    # ----- arrivals and admission ---------------------------------------------------------
+
+    def _arrive(self, spec: JobSpec, now: float) -> QueuedJob:
+        trace = spec.trace
+        estimate = trace.duration if self.policy.oracle else None  # else predicted when read
+        queued = QueuedJob(spec.key, spec.gang, trace.submit, trace.queue, spec.priority, estimate)
+        self.jobs[spec.key] = JobState(spec, queued, pending_since=now)
+        self.pending.add(queued)
+        return queued
+
+    def _headroom(self) -> dict[str, int]:
+        return {q: quota - self.usage.get(q, 0) for q, quota in self.queue_policy.quotas.items()}
+
+    def _any_may_start(self, arrived: list[QueuedJob]) -> bool:
+        if not arrived:
+            return False
+        headroom = self._headroom()
+        return any(self.pending.may_start(q, self.free_gpus, headroom) for q in arrived)
+
+    def _cycles(self, now: float) -> None:
+        for _ in range(MAX_CYCLES_PER_INSTANT):
+            self.counters.cycles += 1
+            result = decide(
+                self.cluster,
+                self.pending,
+                list(self.running.values()),
+                self.queue_policy,
+                now,
+                free_gpus=self.free_gpus,
+                usage=self.usage,
+                share_slots=self.ledger.slots_total - self.ledger.slots_used,
+            )
+            if not result.admitted:
+                return
+            touched: list[GpuId] = []
+            for admission in result.admitted:
+                touched.extend(self._start(admission, now))
+            evicted = self._evict_overfull(touched, now)
+            if not (evicted or self.pending.opportunistic):
+                return
+
+    def _start(self, admission: Admission, now: float) -> list[GpuId]:
+        queued = admission.job  # as the cycle saw it, with the estimate it used
+        job = self.jobs[queued.key]
+        self.pending.remove(queued.key)
+        job.gpus = [(p.node, g) for p in admission.plan.placements for g in p.gpu_indices]
+        job.queued_for += now - job.pending_since
+        if job.first_start is None:
+            job.first_start = now
+        job.start = job.updated = now
+        job.speed = 0.0
+        cls = queued.service_class
+        expected = now + (queued.runtime_estimate or self.queue_policy.default_runtime_seconds)
+        self.running[queued.key] = RunningJob(queued.key, queued.queue, queued.gpus, cls, expected)
+        if cls is ServiceClass.GUARANTEED:
+            self.usage[queued.queue] = self.usage.get(queued.queue, 0) + queued.gpus
+            self.free_gpus -= queued.gpus
+        owners = self.ledger.refresh(job.gpus)
+        owners.add(queued.key)
+        self._update_speeds(owners, now)
+        return job.gpus
+
+    def _evict_overfull(self, gids: list[GpuId], now: float) -> bool:
+        """Evict opportunistic tenants, newest first, from GPUs whose memory no longer fits."""
+        evicted = False
+        for gid in dict.fromkeys(gids):
+            while self.ledger.overfull(gid):
+                tenants = self.ledger.gpus[gid].opportunistic
+                if not tenants:
+                    break
+                newest = max(tenants, key=lambda t: (self.jobs[t.owner].start, t.owner))
+                self._stop(self.jobs[newest.owner], now)
+                job = self.jobs[newest.owner]
+                job.evictions += 1
+                job.pending_since = now
+                self.pending.add(job.queued)
+                self.counters.evictions += 1
+                evicted = True
+        return evicted
+
+    # ----- progress and completion --------------------------------------------------------
+
+    def _update_speeds(self, owners: set[str], now: float) -> None:
+        for owner in sorted(owners):
+            job = self.jobs[owner]
+            if owner not in self.running:
+                continue
+            speed = self.ledger.speed_of(owner, job.gpus)
+            if speed == job.speed:
+                continue
+            job.done += job.speed * (now - job.updated)
+            job.updated = now
+            job.speed = speed
+            job.version += 1
+            remaining = max(0.0, job.spec.trace.duration - job.done)
+            self._push(now + remaining / speed, COMPLETE, owner, job.version)
+
+    def _stop(self, job: JobState, now: float) -> None:
+        """Take a running job off its GPUs (finished or evicted)."""
+        key = job.spec.key
+        job.done += job.speed * (now - job.updated)
+        job.updated = now
+        job.held += len(job.gpus) * (now - job.start)
+        running = self.running.pop(key)
+        if running.service_class is ServiceClass.GUARANTEED:
+            self.usage[running.queue] -= running.gpus
+            self.free_gpus += running.gpus
+        self.cluster.release(key)
+        gpus, job.gpus = job.gpus, []
+        job.speed = 0.0
+        job.version += 1
+        self._update_speeds(self.ledger.refresh(gpus), now)
+
+    def _finish(self, job: JobState, now: float) -> None:
+        trace = job.spec.trace
+        self._stop(job, now)
+        self.counters.completions += 1
+        self.estimator.observe(trace.queue, trace.gpus, now - job.start)
+        assert job.first_start is not None
+        self.records.append(
+            JobRecord(
+                key=trace.key,
+                queue=trace.queue,
+                service_class=job.queued.service_class.value,
+                gpus=trace.gpus,
+                submit=trace.submit,
+                first_start=job.first_start,
+                end=now,
+                duration=trace.duration,
+                queued=job.queued_for,
+                last_run=now - job.start,
+                evictions=job.evictions,
+                held=job.held,
+            )
+        )
+
+    @property
+    def unfinished(self) -> list[str]:
+        return sorted(k for k in self.jobs if k in self.pending or k in self.running)

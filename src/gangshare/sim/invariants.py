@@ -1,0 +1,72 @@
+"""State checks run after every instant when asked (`--check-invariants`, and in the tests).
+
+Each raises InvariantError naming the GPU or job: O(GPUs + jobs) per instant, so
+they are for small replays.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gangshare.sim.decide import free_guaranteed_gpus, guaranteed_usage
+from gangshare.sim.sharing import share_gpu
+
+if TYPE_CHECKING:
+    from gangshare.sim.engine import Simulation
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def _fail(message: str) -> None:
+    raise InvariantError(message)
+
+
+def check_gpus(sim: Simulation) -> None:
+    """No GPU over-allocated: share slots and memory within limits, no job on a GPU twice."""
+    ledger = sim.ledger
+    for gid, gpu in ledger.gpus.items():
+        if gpu.guaranteed is not None and not gpu.gpu.healthy:
+            _fail(f"GPU {gid}: guaranteed tenant on an unhealthy GPU")
+        if len(gpu.opportunistic) > gpu.share_slots:
+            _fail(f"GPU {gid}: {len(gpu.opportunistic)} tenants in {gpu.share_slots} share slots")
+        owners = [t.owner for t in gpu.tenants()]
+        if len(owners) != len(set(owners)):
+            _fail(f"GPU {gid}: a job holds it twice: {owners}")
+        memory = ledger.share[gid].memory_mib
+        if memory > gpu.gpu.memory_mib:
+            _fail(f"GPU {gid}: {memory} MiB in use of {gpu.gpu.memory_mib}")
+        guaranteed, opportunistic = ledger.tenants(gid)
+        expected = share_gpu(guaranteed, opportunistic, ledger.duty[gid], ledger.model)
+        if expected != ledger.share[gid]:
+            _fail(f"GPU {gid}: ledger is stale: {ledger.share[gid]} != {expected}")
+
+
+def check_books(sim: Simulation) -> None:
+    """The engine's running counts agree with the cluster and the running jobs."""
+    if sim.free_gpus != free_guaranteed_gpus(sim.cluster):
+        _fail(f"free GPUs: tracked {sim.free_gpus}, cluster {free_guaranteed_gpus(sim.cluster)}")
+    usage = {q: n for q, n in sim.usage.items() if n}
+    if usage != guaranteed_usage(list(sim.running.values())):
+        _fail(f"quota usage: tracked {usage}")
+    ledger = sim.ledger
+    busy = sum(1 for gpu in ledger.gpus.values() if gpu.tenants())
+    slots = sum(len(gpu.opportunistic) for gpu in ledger.gpus.values())
+    held = sum(1 for gpu in ledger.gpus.values() if gpu.guaranteed is not None)
+    beside = sum(len(g.opportunistic) for g in ledger.gpus.values() if g.guaranteed is not None)
+    tracked = (ledger.busy, ledger.slots_used, ledger.guaranteed, ledger.beside)
+    if tracked != (busy, slots, held, beside):
+        _fail(f"ledger totals: tracked {tracked}, counted {(busy, slots, held, beside)}")
+    for key, job in sim.running.items():
+        placed = sorted((a.node, g) for a in sim.cluster.allocations_of(key) for g in a.gpu_indices)
+        if placed != sorted(sim.jobs[key].gpus) or len(placed) != job.gpus:
+            _fail(f"job {key}: holds {placed}, expected {job.gpus} GPU(s)")
+    for key in sim.cluster.owners():
+        if key not in sim.running:
+            _fail(f"job {key}: holds GPUs but is not running")
+
+
+def check_state(sim: Simulation) -> None:
+    check_gpus(sim)
+    check_books(sim)

@@ -1,0 +1,118 @@
+"""Per-GPU sharing state: who shares each GPU, at what duty cycle, what the node agent publishes.
+
+The ledger plays the node agent and its local coordinator. After every change
+of tenants it recomputes the GPU's speeds, SM utilization and memory
+(`sharing.share_gpu`) and publishes utilization and memory use on the core's
+GpuState, as the agent's annotations would, so the core's opportunistic
+placement (least-loaded GPU, memory lent beside a guaranteed job) sees what
+production sees. The coordinator only changes a GPU's duty cycle at a control
+tick: it learns of new interference from measured step times, so between a
+change and the next tick the opportunistic tenants keep their old duty cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from gangshare.core import Cluster
+from gangshare.core.gpu import GpuState
+from gangshare.sim.colocation import ColocationModel
+from gangshare.sim.sharing import IDLE, GpuShare, Tenant, coordinator_duty, share_gpu
+
+GpuId = tuple[str, int]
+
+
+class GpuLedger:
+    def __init__(
+        self,
+        cluster: Cluster,
+        model: ColocationModel,
+        workload_of: Callable[[str], int],
+        tolerance: float,
+    ) -> None:
+        self.model = model
+        self.tolerance = tolerance
+        self._workload_of = workload_of
+        self.gpus: dict[GpuId, GpuState] = {
+            (node.name, gpu.index): gpu for node in cluster.nodes.values() for gpu in node.gpus
+        }
+        self.share: dict[GpuId, GpuShare] = dict.fromkeys(self.gpus, IDLE)
+        self.duty: dict[GpuId, float] = dict.fromkeys(self.gpus, 1.0)
+        # (holds a guaranteed tenant, opportunistic tenants) as last counted in the totals.
+        self._held: dict[GpuId, tuple[bool, int]] = dict.fromkeys(self.gpus, (False, 0))
+        # GPUs whose tenants changed while opportunistic work was on them: the next tick's work.
+        self.dirty: set[GpuId] = set()
+        self.capacity_mib = sum(g.gpu.memory_mib for g in self.gpus.values())
+        # Running totals over all GPUs (kept exact by adding each GPU's change).
+        self.util_sum = 0.0
+        self.memory_sum = 0
+        self.busy = 0
+        self.guaranteed = 0
+        self.slots_used = 0
+        # Opportunistic tenants on GPUs that hold a guaranteed job (co-located work).
+        self.beside = 0
+        self.slots_total = sum(g.share_slots for g in self.gpus.values() if g.gpu.healthy)
+        for gpu in self.gpus.values():
+            gpu.utilization = 0.0
+
+    def tenants(self, gid: GpuId) -> tuple[Tenant | None, list[Tenant]]:
+        gpu = self.gpus[gid]
+        held = gpu.guaranteed
+        guaranteed = None if held is None else (held.owner, self._workload_of(held.owner))
+        return guaranteed, [(t.owner, self._workload_of(t.owner)) for t in gpu.opportunistic]
+
+    def refresh(self, gids: Iterable[GpuId]) -> set[str]:
+        """Recompute GPUs after their tenants changed; the owners whose speed may have changed."""
+        owners: set[str] = set()
+        for gid in gids:
+            guaranteed, opportunistic = self.tenants(gid)
+            if not opportunistic:
+                self.duty[gid] = 1.0  # nothing to cap; the next opportunistic tenant starts at full
+                self.dirty.discard(gid)
+            elif guaranteed is not None or self.duty[gid] != 1.0:
+                self.dirty.add(gid)
+            owners.update(self._apply(gid, guaranteed, opportunistic))
+        return owners
+
+    def control(self) -> set[str]:
+        """A control tick: the coordinator sets the duty cycle of every GPU that changed."""
+        owners: set[str] = set()
+        for gid in sorted(self.dirty):
+            guaranteed, opportunistic = self.tenants(gid)
+            self.duty[gid] = coordinator_duty(
+                None if guaranteed is None else guaranteed[1],
+                [w for _, w in opportunistic],
+                self.tolerance,
+                self.model,
+            )
+            owners.update(self._apply(gid, guaranteed, opportunistic))
+        self.dirty.clear()
+        return owners
+
+    def _apply(
+        self, gid: GpuId, guaranteed: Tenant | None, opportunistic: list[Tenant]
+    ) -> Iterable[str]:
+        old = self.share[gid]
+        new = share_gpu(guaranteed, opportunistic, self.duty[gid], self.model)
+        self.share[gid] = new
+        had_guaranteed, had_opportunistic = self._held[gid]
+        held = (guaranteed is not None, len(opportunistic))
+        self._held[gid] = held
+        self.util_sum += new.util - old.util
+        self.memory_sum += new.memory_mib - old.memory_mib
+        self.busy += bool(new.speeds) - bool(old.speeds)
+        self.guaranteed += held[0] - had_guaranteed
+        self.slots_used += held[1] - had_opportunistic
+        self.beside += held[1] * held[0] - had_opportunistic * had_guaranteed
+        # What the node agent publishes; no tenants: no memory figure (nothing to lend against).
+        gpu = self.gpus[gid]
+        gpu.utilization = new.util / 100.0
+        gpu.memory_used_mib = new.memory_mib if new.speeds else None
+        return set(old.speeds) | set(new.speeds)
+
+    def speed_of(self, owner: str, gids: Iterable[GpuId]) -> float:
+        """A gang moves at its slowest worker's pace (synchronous data-parallel training)."""
+        return min(self.share[gid].speeds.get(owner, 1.0) for gid in gids)
+
+    def overfull(self, gid: GpuId) -> bool:
+        return self.share[gid].memory_mib > self.gpus[gid].gpu.memory_mib

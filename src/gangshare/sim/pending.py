@@ -1,0 +1,172 @@
+"""Pending jobs kept in the core's lanes, already in the core's order, so a cycle need not see all.
+
+The simulator keeps up to tens of thousands of jobs pending. `schedule_cycle`
+sorts and visits every job it is given, so handing it all of them at every event
+would cost O(pending) per event. The index keeps each lane (`QueuePolicy.lane_of`)
+in `QueuePolicy.order_key` order and hands a cycle only the jobs whose outcome it
+could change; `candidates` says why each left-out job cannot matter.
+
+Run-time estimates are those of the moment, as the operator makes them each
+pass: with `predict` given, every job handed out carries `predict(queue, GPUs)`.
+Under Ordering.SHORTEST the order itself follows those predictions, so such a
+lane is kept as one arrival-ordered list per GPU count (all of one count share a
+prediction) and merged by the current estimate x GPUs when read.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+
+from gangshare.core.job import ServiceClass
+from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy
+
+LaneKey = tuple[str, str, str]
+SortKey = tuple[object, ...]
+UNLIMITED = float("inf")
+
+
+def _keyed(first: object, jobs: list[QueuedJob]) -> Iterator[tuple[SortKey, QueuedJob]]:
+    for job in jobs:
+        yield (first, job.submitted_at, job.key), job
+
+
+class PendingIndex:
+    def __init__(
+        self, policy: QueuePolicy, predict: Callable[[str, int], float] | None = None
+    ) -> None:
+        self.policy = policy
+        self.predict = predict
+        self._live_order = predict is not None and policy.ordering is Ordering.SHORTEST
+        # lane -> part -> (sort keys, jobs); a part is the whole lane, or one GPU count.
+        self._parts: dict[LaneKey, dict[int, tuple[list[SortKey], list[QueuedJob]]]] = {}
+        self._where: dict[str, tuple[LaneKey, int, SortKey]] = {}
+        self.opportunistic = 0
+        # Predictions of the current read (they only change between cycles), and each
+        # job as last handed out: rebuilt only when its estimate moved.
+        self._estimates: dict[tuple[str, int], float] = {}
+        self._handed: dict[str, QueuedJob] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._where
+
+    def __iter__(self) -> Iterator[QueuedJob]:
+        self._estimates.clear()
+        for lane in self._parts:
+            yield from self.lane(lane)
+
+    def _sort_key(self, job: QueuedJob) -> tuple[int, SortKey]:
+        if self._live_order:
+            return job.gpus, (job.submitted_at, job.key)
+        return 0, self.policy.order_key(job)
+
+    def add(self, job: QueuedJob) -> None:
+        if job.key in self._where:
+            raise ValueError(f"{job.key} is already pending")
+        lane = self.policy.lane_of(job)
+        part, order = self._sort_key(job)
+        keys, jobs = self._parts.setdefault(lane, {}).setdefault(part, ([], []))
+        at = bisect_left(keys, order)
+        keys.insert(at, order)
+        jobs.insert(at, job)
+        self._where[job.key] = (lane, part, order)
+        self.opportunistic += job.service_class is ServiceClass.OPPORTUNISTIC
+
+    def remove(self, key: str) -> QueuedJob:
+        lane, part, order = self._where.pop(key)
+        parts = self._parts[lane]
+        keys, jobs = parts[part]
+        at = bisect_left(keys, order)
+        del keys[at]
+        job = jobs.pop(at)
+        self._handed.pop(key, None)
+        self.opportunistic -= job.service_class is ServiceClass.OPPORTUNISTIC
+        if not jobs:
+            del parts[part]
+            if not parts:
+                del self._parts[lane]
+        return job
+
+    def _fresh(self, job: QueuedJob) -> QueuedJob:
+        if self.predict is None:
+            return job
+        shape = (job.queue, job.gpus)
+        estimate = self._estimates.get(shape)
+        if estimate is None:
+            estimate = self._estimates[shape] = self.predict(*shape)
+        handed = self._handed.get(job.key)
+        if handed is None or handed.runtime_estimate != estimate:
+            handed = self._handed[job.key] = replace(job, runtime_estimate=estimate)
+        return handed
+
+    def lane(self, lane: LaneKey) -> Iterator[QueuedJob]:
+        """The lane's jobs in the core's order, with the estimates of the moment."""
+        parts = self._parts[lane]
+        if not self._live_order:
+            yield from map(self._fresh, parts[0][1])
+            return
+        streams = []
+        for _, jobs in parts.values():
+            # All jobs of one GPU count share the estimate, so order_key's first term too.
+            first = self.policy.order_key(self._fresh(jobs[0]))[0]
+            streams.append(_keyed(first, jobs))
+        for _, job in heapq.merge(*streams, key=lambda item: item[0]):
+            yield self._fresh(job)
+
+    def _strict(self, lane: LaneKey) -> bool:
+        # The core clears a lane behind a blocked job, except guaranteed lanes under backfill.
+        return not (self.policy.backfill and lane[1] == ServiceClass.GUARANTEED.value)
+
+    def may_start(self, job: QueuedJob, free_gpus: int, headroom: Mapping[str, int]) -> bool:
+        """False when a just-arrived job certainly stays pending, the rest of the cluster unchanged.
+
+        Called only when nothing was freed since the last cycle, so every other
+        pending job is still blocked: a job behind them in a strict lane waits, and
+        a guaranteed job needs its GPUs free and within its queue's quota.
+        """
+        self._estimates.clear()
+        lane = self._where[job.key][0]
+        if self._strict(lane) and next(self.lane(lane)).key != job.key:
+            return False
+        if job.service_class is ServiceClass.GUARANTEED:
+            return job.gpus <= free_gpus and job.gpus <= headroom.get(job.queue, UNLIMITED)
+        return True
+
+    def candidates(
+        self, free_gpus: int, headroom: Mapping[str, int], share_slots: int
+    ) -> list[QueuedJob]:
+        """The jobs a cycle must see to reach exactly the decisions it would reach on all of them.
+
+        - Strict lane: jobs in order up to and including the first one that
+          certainly blocks: with all earlier ones admitted, it would need more GPUs
+          than are free for guaranteed work (or its quota has left), or more share
+          slots than are free. The core stops the lane there.
+        - Guaranteed lane under backfill (the core visits all of it): the head, which
+          sets the lane's place in the visiting order, and every job that fits its
+          queue's remaining quota. A job over quota is refused before anything else
+          is checked, changes nothing, and cannot move the lane's order, so leaving
+          it out changes no decision.
+        """
+        self._estimates.clear()
+        chosen: list[QueuedJob] = []
+        for lane in self._parts:
+            guaranteed = lane[1] == ServiceClass.GUARANTEED.value
+            room = headroom.get(lane[0], UNLIMITED) if guaranteed else UNLIMITED
+            jobs = self.lane(lane)
+            if not self._strict(lane):
+                chosen.append(next(jobs))
+                chosen.extend(job for job in jobs if job.gpus <= room)
+                continue
+            bound = min(free_gpus, room) if guaranteed else share_slots
+            used = 0
+            for job in jobs:
+                chosen.append(job)
+                used += job.gpus
+                if used > bound:
+                    break
+        return chosen

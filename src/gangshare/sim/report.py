@@ -1,0 +1,246 @@
+"""Regenerate docs/results.md and docs/results/: every experiment, policies side by side.
+
+    .venv/bin/python -m gangshare.sim.report            # writes docs/results.md, docs/results/
+    .venv/bin/python -m gangshare.sim.report --only alibaba --out /tmp/r
+
+Runs use every CPU (one replay per process); the traces are read from
+../shared/traces beside the repository (override with --traces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from gangshare.sim.cli import REPO_ROOT, TRACES, parse_window
+from gangshare.sim.clusters import SimCluster, load_sim_cluster
+from gangshare.sim.colocation import ColocationModel, load_colocation
+from gangshare.sim.outputs import write_json
+from gangshare.sim.policy import parse_policy
+from gangshare.sim.run import RunResult, simulate
+from gangshare.sim.trace import Trace, load_trace
+
+SEED = 1
+FULL_STACK = "multi-queue,fair-share,backfill,antman"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    # Relative to the traces directory.
+    trace: str
+    # Relative to the repository root, or (a node list) to the traces directory.
+    cluster: str
+    policies: tuple[str, ...]
+    fraction: float = 1.0
+    window: str | None = None
+    # Policies drawn in the plots (all of them when empty); no plots when None.
+    plotted: tuple[str, ...] | None = field(default=())
+
+
+PHILLY = "philly/philly_jobs.csv"
+ALIBABA = "alibaba-gpu-v2023/openb_pod_list_default.csv"
+ALIBABA_NODES = "alibaba-gpu-v2023/openb_node_list_gpu_node.csv"
+HELIOS_WINDOW = "2017-10-01,2017-11-30 23:59:00"
+
+EXPERIMENTS = (
+    Experiment(
+        "philly",
+        "Philly, all 82,247 jobs, Helios VCs at 3/8 size on one shared pool (1,056 GPUs)",
+        PHILLY,
+        "examples/clusters/philly-helios-3of8.yaml",
+        (
+            "fifo",
+            "priority",
+            "qssf",
+            "sjf-oracle",
+            "multi-queue",
+            "fair-share",
+            "backfill",
+            "multi-queue,fair-share,backfill",
+            "antman",
+            FULL_STACK,
+        ),
+        plotted=(
+            "fifo",
+            "qssf",
+            "multi-queue",
+            "multi-queue,fair-share,backfill",
+            "antman",
+            FULL_STACK,
+        ),
+    ),
+    Experiment(
+        "helios-3of8",
+        "Philly Oct-Nov 2017 (Helios' window), Helios VCs partitioned, at 3/8 size",
+        PHILLY,
+        "examples/clusters/philly-helios-3of8-partitioned.yaml",
+        ("fifo", "sjf-oracle", "qssf"),
+        window=HELIOS_WINDOW,
+        plotted=None,
+    ),
+    Experiment(
+        "helios-full",
+        "Philly Oct-Nov 2017 (Helios' window), Helios VCs partitioned, at full size",
+        PHILLY,
+        "examples/clusters/philly-helios-partitioned.yaml",
+        ("fifo", "sjf-oracle", "qssf"),
+        window=HELIOS_WINDOW,
+        plotted=None,
+    ),
+    Experiment(
+        "philly-full-size",
+        "Philly, all 82,247 jobs, Helios VCs at full size on one shared pool (2,816 GPUs)",
+        PHILLY,
+        "examples/clusters/philly-helios.yaml",
+        ("fifo",),
+        plotted=None,
+    ),
+    Experiment(
+        "alibaba",
+        "Alibaba GPU 2023 default pod list, 1.1% of the node list (11 nodes, 58 GPUs)",
+        ALIBABA,
+        ALIBABA_NODES,
+        (
+            "fifo",
+            "priority",
+            "qssf",
+            "multi-queue",
+            "backfill",
+            "multi-queue,backfill",
+            "antman",
+            "multi-queue,backfill,antman",
+        ),
+        fraction=0.011,
+        plotted=("fifo", "priority", "qssf", "multi-queue", "backfill", "antman"),
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    experiment: Experiment
+    trace: Trace
+    cluster: str
+    results: list[RunResult]
+
+
+def _cluster_path(experiment: Experiment, traces: Path) -> Path:
+    if experiment.cluster.endswith(".csv"):
+        return traces / experiment.cluster
+    return REPO_ROOT / experiment.cluster
+
+
+@cache
+def _trace(traces: Path, path: str, window: str | None) -> Trace:
+    return load_trace(traces / path, parse_window(window) if window else None)
+
+
+@cache
+def _model(traces: Path) -> ColocationModel:
+    return load_colocation(traces / "lucid-colocation")
+
+
+def _setup(experiment: Experiment, traces: Path) -> SimCluster:
+    return load_sim_cluster(_cluster_path(experiment, traces), experiment.fraction)
+
+
+def run_one(experiment: Experiment, policy: str, traces: Path) -> RunResult:
+    trace = _trace(traces, experiment.trace, experiment.window)
+    return simulate(
+        trace,
+        lambda: _setup(experiment, traces),
+        parse_policy(policy),
+        _model(traces),
+        SEED,
+    )
+
+
+def run_all(
+    experiments: Sequence[Experiment], traces: Path, workers: int
+) -> tuple[list[Outcome], float]:
+    began = time.perf_counter()
+    tasks = [(e, p) for e in experiments for p in e.policies]
+    # Sharing runs are the slowest (opportunistic placement scans every node): start them first.
+    tasks.sort(key=lambda t: ("antman" not in t[1], t[0].name != "philly"))
+    found: dict[tuple[str, str], RunResult] = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(run_one, e, p, traces): (e.name, p) for e, p in tasks}
+        for done, future in enumerate(as_completed(futures), start=1):
+            key = futures[future]
+            result = future.result()
+            found[key] = result
+            print(
+                f"[{done}/{len(tasks)}] {key[0]:<17} {key[1]:<40} {result.wall_seconds:6.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    outcomes = [
+        Outcome(
+            e,
+            _trace(traces, e.trace, e.window),
+            _setup(e, traces).description,
+            [found[(e.name, p)] for p in e.policies],
+        )
+        for e in experiments
+    ]
+    return outcomes, time.perf_counter() - began
+
+
+def write_artifacts(outcomes: Sequence[Outcome], directory: Path) -> None:
+    from gangshare.sim.plots import plot_cdfs, plot_utilization
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for outcome in outcomes:
+        e = outcome.experiment
+        header = {
+            "experiment": e.title,
+            "trace": e.trace,
+            "window": e.window,
+            "cluster": outcome.cluster,
+            "seed": SEED,
+            "dropped rows": outcome.trace.dropped,
+        }
+        write_json(directory / f"{e.name}.json", header, outcome.results)
+        if e.plotted is None:
+            continue
+        shown = [r for r in outcome.results if not e.plotted or r.policy in e.plotted]
+        short = e.title.split(",")[0]
+        plot_cdfs(shown, "jct", f"{short}: JCT", directory / f"{e.name}-jct-cdf.png")
+        queueing = directory / f"{e.name}-queueing-cdf.png"
+        plot_cdfs(shown, "queueing", f"{short}: queueing delay", queueing)
+        utilization = directory / f"{e.name}-utilization.png"
+        plot_utilization(shown, f"{short}: cluster-wide utilization", utilization)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gangshare.sim.report", description=__doc__)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs", help="docs directory")
+    parser.add_argument("--traces", type=Path, default=TRACES)
+    parser.add_argument("--only", action="append", help="experiment name(s) to run")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    chosen = [e for e in EXPERIMENTS if not args.only or e.name in args.only]
+    if not chosen:
+        names = ", ".join(e.name for e in EXPERIMENTS)
+        print(f"error: --only: no experiment of that name; choose from {names}", file=sys.stderr)
+        return 2
+    outcomes, seconds = run_all(chosen, args.traces, args.workers)
+    from gangshare.sim.report_md import results_markdown
+
+    write_artifacts(outcomes, args.out / "results")
+    (args.out / "results.md").write_text(results_markdown(outcomes, seconds, args.workers))
+    print(f"wrote {args.out / 'results.md'} and {args.out / 'results'}/", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

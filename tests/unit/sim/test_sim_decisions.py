@@ -1,0 +1,147 @@
+"""Same decisions as production: the simulator's decision step plans exactly what the operator's
+scheduling cycle (`schedule_cycle` on every pending job) plans, on the same snapshot."""
+
+import copy
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from simkit import OPP, job, setup, simulate
+
+import gangshare.sim.engine as engine
+from gangshare.core import Cluster, GangRequest, Gpu, NodeState, ServiceClass
+from gangshare.core.cycle import schedule_cycle
+from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy, RunningJob
+from gangshare.sim.decide import decide
+from gangshare.sim.pending import PendingIndex
+from gangshare.sim.policy import parse_policy
+
+QUEUES = ["a", "b", "c"]
+LAYOUTS = {1: [[]], 2: [[], [[0, 1]]], 4: [[], [[0, 1], [2, 3]]], 8: [[[0, 1, 2, 3], [4, 5, 6, 7]]]}
+
+
+def allocations(cluster: Cluster) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    return {
+        owner: sorted((a.node, a.gpu_indices) for a in cluster.allocations_of(owner))
+        for owner in sorted(cluster.owners())
+    }
+
+
+def plans(result):
+    return [(a.job.key, a.plan) for a in result.admitted]
+
+
+@st.composite
+def snapshots(draw):
+    nodes = []
+    for i in range(draw(st.integers(1, 6))):
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        nodes.append(
+            NodeState.build(
+                f"n{i}",
+                [Gpu(g, f"u{i}-{g}", "H100", 24576) for g in range(gpus)],
+                draw(st.sampled_from(LAYOUTS[gpus])),
+                rack=f"r{draw(st.integers(0, 1))}",
+            )
+        )
+    cluster = Cluster(nodes)
+    running = []
+    for node in nodes:
+        for gpu in node.gpus:
+            kind = draw(st.sampled_from(["free", "free", "guaranteed", "opportunistic"]))
+            owner = f"run-{node.name}-{gpu.index}"
+            queue = draw(st.sampled_from(QUEUES))
+            if kind == "guaranteed":
+                cluster.allocate(owner, "w", node.name, (gpu.index,), ServiceClass.GUARANTEED)
+                gpu.memory_used_mib = draw(st.sampled_from([None, 4000, 20000]))
+                end = draw(st.sampled_from([None, 50.0, 500.0, 5000.0]))
+                running.append(RunningJob(owner, queue, 1, ServiceClass.GUARANTEED, end))
+            elif kind == "opportunistic":
+                cls = ServiceClass.OPPORTUNISTIC
+                cluster.allocate(owner, "w", node.name, (gpu.index,), cls, 3000)
+                running.append(RunningJob(owner, queue, 1, cls))
+            gpu.utilization = draw(st.sampled_from([None, 0.0, 0.3, 0.9]))
+    pending = []
+    for i in range(draw(st.integers(0, 25))):
+        opportunistic = draw(st.booleans())
+        gang = GangRequest(
+            f"p{i:02d}",
+            workers=draw(st.sampled_from([1, 1, 1, 2, 3])),
+            gpus_per_worker=draw(st.sampled_from([1, 1, 2, 4, 8])),
+            service_class=ServiceClass.OPPORTUNISTIC if opportunistic else ServiceClass.GUARANTEED,
+            gpu_memory_mib=draw(st.sampled_from([2000, 9000])) if opportunistic else None,
+        )
+        pending.append(
+            QueuedJob(
+                gang.owner,
+                gang,
+                submitted_at=float(draw(st.integers(0, 20))),
+                queue=draw(st.sampled_from(QUEUES)),
+                priority=draw(st.integers(0, 2)),
+                runtime_estimate=draw(st.sampled_from([None, 10.0, 100.0, 1000.0])),
+            )
+        )
+    quotas = {q: draw(st.integers(0, 12)) for q in QUEUES if draw(st.booleans())}
+    policy = QueuePolicy(
+        ordering=draw(st.sampled_from(list(Ordering))),
+        small_job_max_gpus=draw(st.sampled_from([None, 2])),
+        fair_share=draw(st.booleans()),
+        backfill=draw(st.booleans()),
+        quotas=quotas,
+        weights={q: float(draw(st.integers(1, 3))) for q in QUEUES},
+    )
+    # Estimates of the moment (the operator predicts each pass), or the ones the jobs carry.
+    table = {(q, g): float(draw(st.sampled_from([5, 50, 500]))) for q in QUEUES for g in GPUS}
+    predict = draw(st.sampled_from([None, lambda queue, gpus: table[(queue, gpus)]]))
+    return cluster, running, pending, policy, predict
+
+
+GPUS = sorted({w * g for w in (1, 2, 3) for g in (1, 2, 4, 8)})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_decide_plans_what_the_operators_cycle_plans(snapshot):
+    cluster, running, pending, policy, predict = snapshot
+    operator_view, simulator_view = copy.deepcopy(cluster), copy.deepcopy(cluster)
+    seen = [
+        q if predict is None else replace(q, runtime_estimate=predict(q.queue, q.gpus))
+        for q in pending
+    ]
+    expected = schedule_cycle(operator_view, seen, list(running), policy, 25.0)
+    index = PendingIndex(policy, predict)
+    for queued in pending:
+        index.add(queued)
+    got = decide(simulator_view, index, running, policy, 25.0)
+    assert plans(got) == plans(expected)
+    assert allocations(simulator_view) == allocations(operator_view)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["fifo", "qssf,multi-queue", "fair-share,backfill", "multi-queue,fair-share,backfill,antman"],
+)
+def test_every_cycle_of_a_replay_matches_the_operators_cycle(monkeypatch, policy):
+    """Snapshots taken from a replay: before each decision, the operator's cycle on a copy."""
+    seen = []
+
+    def checked(cluster, pending, running, queue_policy, now, **counts):
+        view = copy.deepcopy(cluster)
+        expected = schedule_cycle(view, list(pending), list(running), queue_policy, now)
+        got = decide(cluster, pending, running, queue_policy, now, **counts)
+        assert plans(got) == plans(expected), f"t={now}"
+        assert allocations(cluster) == allocations(view)
+        seen.append(len(got.admitted))
+        return got
+
+    monkeypatch.setattr(engine, "decide", checked)
+    jobs = []
+    for i in range(60):
+        cls = OPP if policy.endswith("antman") and i % 3 == 0 else ServiceClass.GUARANTEED
+        gpus = 1 if cls is OPP else [1, 2, 4, 8, 1, 16][i % 6]
+        jobs.append(job(f"j{i:02d}", i * 7.0, 50.0 + 37 * (i % 5), gpus, cls, i % 2, QUEUES[i % 3]))
+    sim = simulate(jobs, setup(nodes=3, gpus=8, racks=2, quotas={"a": 12}), policy)
+    assert len(sim.records) == 60
+    assert sum(seen) >= 60  # every job was admitted through a checked decision
+    assert parse_policy(policy).name == policy

@@ -1,0 +1,58 @@
+"""docs/results.md is built from replays: tables per policy, comparisons with published figures."""
+
+import random
+
+from simkit import model, setup
+
+from gangshare.sim.policy import parse_policy
+from gangshare.sim.report import EXPERIMENTS, Outcome, main
+from gangshare.sim.report_md import results_markdown
+from gangshare.sim.run import simulate
+from gangshare.sim.trace import Trace, TraceJob
+
+NAMED = {e.name: e for e in EXPERIMENTS}
+
+
+def tiny_trace() -> Trace:
+    rng = random.Random(2)
+    jobs = [
+        TraceJob(f"j{i:03d}", i * 20.0, float(rng.randint(30, 900)), rng.choice([1, 1, 2, 4]), q)
+        for i, q in enumerate(rng.choice(["vc-a", "vc-b"]) for _ in range(80))
+    ]
+    return Trace("philly", "tiny.csv", jobs, {"no GPU": 3})
+
+
+def outcome(name: str, policies: list[str]) -> Outcome:
+    trace = tiny_trace()
+    results = [
+        simulate(trace, setup(nodes=2, gpus=4), parse_policy(p), model(), seed=1) for p in policies
+    ]
+    return Outcome(NAMED[name], trace, "2 nodes, 8 GPUs", results)
+
+
+def test_results_markdown_tables_every_policy_and_compares_with_helios():
+    outcomes = [
+        outcome("philly", ["fifo", "multi-queue,fair-share,backfill", "antman"]),
+        outcome("helios-3of8", ["fifo", "sjf-oracle", "qssf"]),
+        outcome("helios-full", ["fifo", "sjf-oracle", "qssf"]),
+    ]
+    text = results_markdown(outcomes, 90.0, 2)
+    assert "took 1.5 minutes with 2 replay process(es)" in text
+    philly = outcomes[0].results[0].summary
+    assert f"| fifo | 80 | {philly['jct']['mean']:,.0f} |" in text
+    helios = outcomes[1].results[0].summary
+    assert f"| fifo | 86,072 | 56,531 | {helios['jct']['mean']:,.0f} |" in text
+    duration = helios["jct"]["mean"] - helios["queueing"]["mean"]
+    assert f"the same window here averages {duration:,.0f} s" in text
+    assert "| philly | fifo | antman |" in text  # the AntMan comparison row
+    assert "opportunistic GPU-time beside a guaranteed job" in text
+    antman = outcomes[0].results[2].summary
+    change = 100 * (antman["jct"]["mean"] / philly["jct"]["mean"] - 1)
+    assert f"| antman | {antman['jct']['mean']:,.0f} | {change:+.0f}% |" in text
+    assert "| vc-a |" in text and "| vc-b |" in text  # per-VC queueing
+    assert "3 no GPU" in text
+
+
+def test_an_unknown_experiment_name_is_a_one_line_error(capsys):
+    assert main(["--only", "nonsense"]) == 2
+    assert capsys.readouterr().err.startswith("error: --only: no experiment of that name")
