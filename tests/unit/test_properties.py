@@ -17,6 +17,7 @@ from gangshare.core import (
     plan_gang,
 )
 from gangshare.core.fit import worker_capacity
+from gangshare.core.score import opportunistic_bound, score_worker
 
 EXAMPLES = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ISLAND_LAYOUTS = {
@@ -183,3 +184,27 @@ def _feasible_on_empty(cluster: Cluster, gang: GangRequest) -> bool:
 def test_a_feasible_gang_on_an_empty_cluster_is_always_placed(cluster, gang):
     plan = plan_gang(cluster, gang)
     assert isinstance(plan, GangPlan) == _feasible_on_empty(cluster, gang)
+
+
+@EXAMPLES
+@given(
+    clusters(),
+    st.sampled_from([1000, 16000, 40000]),
+    st.lists(st.floats(0, 1), min_size=1, max_size=8),
+)
+def test_opportunistic_placement_equals_the_brute_force_best_node(cluster, memory, loads):
+    for node in cluster.nodes.values():
+        for gpu, load in zip(node.gpus, loads * 8, strict=False):
+            gpu.utilization = load
+        node.recount()
+    gang = GangRequest("opp", 1, 1, ServiceClass.OPPORTUNISTIC, Topology(), memory)
+    req = gang.worker()
+    fitting = [n for n in cluster.nodes.values() if worker_capacity(n, req) >= 1]
+    for node in fitting:
+        assert opportunistic_bound(node) >= score_worker(node, req)
+    plan = plan_gang(cluster, gang)
+    if not fitting:
+        assert not isinstance(plan, GangPlan)
+        return
+    best = min(fitting, key=lambda n: (-score_worker(n, req), n.name))
+    assert isinstance(plan, GangPlan) and plan.nodes == [best.name]

@@ -19,7 +19,7 @@ from gangshare.core.cluster import AllocationError, Cluster
 from gangshare.core.fit import worker_capacity
 from gangshare.core.job import GangRequest, TopologyPolicy, TopologyScope, WorkerRequest
 from gangshare.core.node import NodeState
-from gangshare.core.score import score_worker
+from gangshare.core.score import opportunistic_bound, score_worker
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,19 @@ def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candid
             if worker_capacity(node, req) >= workers:
                 return [(node, workers)]
         return None
+    nodes: Iterable[tuple[float, str, NodeState]]
+    if req.gpus == 1:
+        # Branch and bound: visit nodes by the most a 1-GPU worker could score there (name
+        # breaks ties, as below); once that cannot beat the best found, nothing later can.
+        nodes = sorted((-opportunistic_bound(n), n.name, n) for n in cluster.nodes.values())
+    else:
+        nodes = ((-1.0, n.name, n) for n in cluster.nodes.values())
     best: tuple[float, str, NodeState] | None = None
-    for node in cluster.nodes.values():
+    for bound, name, node in nodes:
+        if best is not None and req.gpus == 1 and (bound, name) > best[:2]:
+            break
         if worker_capacity(node, req) >= workers:
-            key = (-score_worker(node, req), node.name, node)
+            key = (-score_worker(node, req), name, node)
             if best is None or key[:2] < best[:2]:
                 best = key
     return None if best is None else [(best[2], workers)]

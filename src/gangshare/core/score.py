@@ -15,6 +15,8 @@ from gangshare.core.node import NodeState
 BIN_PACKING_WEIGHT = 0.6
 ISLAND_WEIGHT = 0.25
 SOLO_WEIGHT = 0.15
+IDLE_WEIGHT = 0.8
+SPARE_WEIGHT = 0.2
 
 
 def score_worker(node: NodeState, req: WorkerRequest) -> float:
@@ -48,7 +50,19 @@ def _score_opportunistic(node: NodeState, req: WorkerRequest) -> float:
     gpus = [node.gpus[i] for i in chosen]
     idle = 1.0 - sum(g.load() for g in gpus) / len(gpus)
     spare = sum(g.spare_memory_mib() / g.gpu.memory_mib for g in gpus) / len(gpus)
-    return 0.8 * max(0.0, idle) + 0.2 * spare
+    return IDLE_WEIGHT * max(0.0, idle) + SPARE_WEIGHT * spare
+
+
+def opportunistic_bound(node: NodeState) -> float:
+    """The most a 1-GPU opportunistic worker can score on the node, without memory arithmetic.
+
+    Exact in floating point for one GPU: its load is at least the node's least load and
+    its spare share at most 1.0, and the same operations round the same way.
+    """
+    loads = [g.load() for g in node.gpus if g.gpu.healthy]
+    if not loads:
+        return 0.0
+    return IDLE_WEIGHT * max(0.0, 1.0 - min(loads)) + SPARE_WEIGHT * 1.0
 
 
 def to_extender_score(score: float, max_priority: int = 10) -> int:
