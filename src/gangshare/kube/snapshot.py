@@ -150,7 +150,11 @@ def _hold_job_placements(
             held.add((key, str(worker.get("rank"))))
             gpus += len(worker.get("gpus") or [])
         start = parse_time(status.get("startedAt")) or parse_time(status.get("admittedAt"))
-        estimate = spec.get("runtimeEstimateSeconds") or default_runtime
+        estimate = (
+            status.get("predictedRuntimeSeconds")
+            or spec.get("runtimeEstimateSeconds")
+            or default_runtime
+        )
         snapshot.running.append(
             RunningJob(
                 key,

@@ -135,6 +135,8 @@ class SchedulerLoop:
             "phase": "Admitted",
             "admittedAt": iso(now),
             "queueWaitSeconds": round(max(0.0, now - queued_at), 3),
+            # The run time backfill assumed at admission; running jobs' expected ends use it too.
+            "predictedRuntimeSeconds": admission.job.runtime_estimate,
             "placement": [
                 {"rank": p.rank, "node": p.node, "gpus": list(p.gpu_indices)}
                 for p in plan.placements

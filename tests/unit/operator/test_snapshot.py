@@ -87,3 +87,25 @@ def test_node_reasons():
         build_snapshot(cordoned, [], []).cluster.node("n-0").unschedulable_reason
         == "node is cordoned"
     )
+
+
+def test_running_jobs_are_expected_to_end_by_the_prediction_they_were_admitted_with():
+    placement = [{"rank": 0, "node": "n-0", "gpus": [0]}]
+    started = "2026-01-01T00:00:00Z"
+    declared = (
+        make_job("a")
+        .spec(runtimeEstimateSeconds=100)
+        .status(phase="Running", placement=placement, startedAt=started)
+    )
+    predicted = make_job("b").status(
+        phase="Running",
+        placement=[{"rank": 0, "node": "n-1", "gpus": [0]}],
+        startedAt=started,
+        predictedRuntimeSeconds=250.0,
+    )
+    snapshot = build_snapshot(
+        nodes(SPEC), [], [declared.build(), predicted.build()], default_runtime_seconds=60
+    )
+    ends = {r.key: r.expected_end for r in snapshot.running}
+    start = 1767225600.0
+    assert ends == {"team/a": start + 100, "team/b": start + 250}
