@@ -267,7 +267,7 @@ def one_run(
     return (pods - 1) / (stamps[-1] - stamps[0])
 
 
-def throughput(pods: int) -> None:
+def throughput(pods: int, rounds: int) -> None:
     print(f"\n2. kube-scheduler throughput on KWOK nodes, {pods} one-GPU pods per run")
     bins = binaries.bin_dir(build=True)
     nodes = load_nodes(None)
@@ -292,7 +292,14 @@ def throughput(pods: int) -> None:
         state = cluster.up(spec_nodes[:0] + room)
         kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
         rates: dict[bool, list[float]] = {False: [], True: []}
-        for round_ in range(2):
+        for with_extender in (
+            False,
+            True,
+        ):  # warm-up, not counted: a fresh cluster's first burst is slow
+            one_run(
+                cluster, kubectl, pods, with_extender, f"warm{'ext' if with_extender else 'plain'}"
+            )
+        for round_ in range(rounds):
             for with_extender in (False, True):
                 tag = f"{'ext' if with_extender else 'plain'}{round_}"
                 rates[with_extender].append(one_run(cluster, kubectl, pods, with_extender, tag))
@@ -311,6 +318,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--pods", type=int, default=300)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="measured runs per mode (after a warm-up)"
+    )
     parser.add_argument("--skip-cluster", action="store_true")
     parser.add_argument(
         "--serve", nargs=2, type=int, metavar=("NODES", "PORT"), help=argparse.SUPPRESS
@@ -321,7 +331,7 @@ def main() -> None:
         return
     http_latency(args.sizes, args.requests)
     if not args.skip_cluster:
-        throughput(args.pods)
+        throughput(args.pods, args.rounds)
 
 
 if __name__ == "__main__":
