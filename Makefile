@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit bench clean venv k8s dev-up dev-down demo
+.PHONY: test lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo
 
 # The virtual environment is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -49,6 +49,13 @@ dev-down: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/placement.py
+	$(BIN)/python bench/operator_cycle.py
+	$(BIN)/python bench/simulator.py
+	$(BIN)/python bench/extender.py
+
+# Regenerate docs/results.md and docs/results/ (the simulator on Philly and Alibaba 2023; ~9 min).
+results: $(STAMP)
+	$(BIN)/python -m gangshare.sim.report
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
