@@ -58,11 +58,6 @@ class Cluster:
     def node(self, name: str) -> NodeState:
         return self.nodes[name]
 
-    def cordon(self, name: str, reason: str | None) -> None:
-        """Mark a node as taking no new work (reason) or as open again (None)."""
-        self.nodes[name].unschedulable_reason = reason
-        self.nodes[name].recount()
-
     def racks(self) -> list[str]:
         return sorted({n.rack for n in self.nodes.values()})
 

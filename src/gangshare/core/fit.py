@@ -67,6 +67,11 @@ def worker_capacity(
     """How many workers of `req` fit on the node at once (distinct GPUs per worker)."""
     if static_rejection(node, req) is not None:
         return 0
+    return _room(node, req, exclude)
+
+
+def _room(node: NodeState, req: WorkerRequest, exclude: frozenset[int] = frozenset()) -> int:
+    """worker_capacity for a node that already passed the static checks."""
     if req.guaranteed and not exclude and req.island_policy is not TopologyPolicy.REQUIRED:
         return node.free_guaranteed // req.gpus
     usable = usable_gpus(node, req, exclude)
@@ -81,7 +86,7 @@ def filter_worker(node: NodeState, req: WorkerRequest) -> Rejection | None:
     static = static_rejection(node, req)
     if static is not None:
         return static
-    if worker_capacity(node, req) >= 1:
+    if _room(node, req) >= 1:
         return None
     usable = usable_gpus(node, req)
     if req.guaranteed:

@@ -76,12 +76,3 @@ class NodeState:
             if gpu_index in island:
                 return island
         raise KeyError(gpu_index)
-
-    def free_by_island(
-        self, exclude: frozenset[int] = frozenset()
-    ) -> list[tuple[Island, list[int]]]:
-        """Each island with its GPUs that a guaranteed worker could take."""
-        return [
-            (island, [i for i in island if i not in exclude and self.gpus[i].free_for_guaranteed])
-            for island in self.islands
-        ]

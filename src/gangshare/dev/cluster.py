@@ -24,7 +24,7 @@ from gangshare.core.spec import NodeSpec
 from gangshare.dev import components, processes
 from gangshare.dev.binaries import repo_root
 from gangshare.dev.components import Layout, Ports
-from gangshare.dev.pki import Credentials, generate_credentials
+from gangshare.dev.pki import generate_credentials
 from gangshare.kube.nodes import node_manifest
 
 
@@ -79,7 +79,6 @@ class LocalCluster:
         self.attached = attached
         self.children: list[processes.Child] = []
         self.state: ClusterState | None = None
-        self._creds: Credentials | None = None
 
     # ----- lifecycle -----------------------------------------------------------------------
 
@@ -101,7 +100,7 @@ class LocalCluster:
 
     def _start(self, nodes: list[NodeSpec], deadline: float) -> ClusterState:
         layout = self.layout
-        creds = self._creds = generate_credentials(layout.pki)
+        creds = generate_credentials(layout.pki)
         ports = Ports(*(processes.free_port() for _ in range(8)))
         server = f"https://127.0.0.1:{ports.apiserver}"
         layout.kubeconfig.write_text(

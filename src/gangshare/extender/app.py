@@ -100,13 +100,13 @@ def create_app(
         metrics.requests.labels(verb, "rejected").inc()
         return JSONResponse({"error": err.message}, status_code=err.status)
 
-    def answer(verb: str, started: float, payload: Any, result: str = "ok") -> JSONResponse:
+    def answer(verb: str, started: float, payload: Any, result: str = "ok") -> Response:
         metrics.requests.labels(verb, result).inc()
         metrics.latency.labels(verb).observe(time.perf_counter() - started)
-        return JSONResponse(payload)
+        return payload if isinstance(payload, Response) else JSONResponse(payload)
 
     @app.post("/filter")
-    async def filter_(request: Request) -> JSONResponse:
+    async def filter_(request: Request) -> Response:
         started = time.perf_counter()
         args = await read_model(request, ExtenderArgs)
         names = args.node_names()
@@ -149,12 +149,12 @@ def create_app(
             # Scores are advice: on failure every node scores 0 and filter/bind still decide.
             log.exception("prioritize %s failed; scoring 0", _pod_name(args))
             return answer("prioritize", started, priority_list([(n, 0) for n in names]), "error")
-        metrics.requests.labels("prioritize", "ok").inc()
-        metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
-        return Response(priority_json(scores), media_type="application/json")
+        return answer(
+            "prioritize", started, Response(priority_json(scores), media_type="application/json")
+        )
 
     @app.post("/bind")
-    async def bind(request: Request) -> JSONResponse:
+    async def bind(request: Request) -> Response:
         started = time.perf_counter()
         args = await read_model(request, ExtenderBindingArgs)
         who = f"{args.PodNamespace}/{args.PodName}"

@@ -55,7 +55,7 @@ class SchedulerLoop:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_full_resync = 0.0
-        self.last_report = CycleReport()
+        self._warned: set[str] = set()
 
     def poke(self) -> None:
         self._wake.set()
@@ -67,7 +67,7 @@ class SchedulerLoop:
     def run_forever(self) -> None:
         while not self._stop.is_set():
             try:
-                self.last_report = self.run_once()
+                self.run_once()
             except Exception:  # one bad pass must not stop scheduling; the next pass starts fresh
                 log.exception("scheduling pass failed; retrying")
             self._wake.wait(self.interval)
@@ -84,6 +84,7 @@ class SchedulerLoop:
             jobs,
             self.policy.default_runtime_seconds,
         )
+        self._log_new_warnings(snapshot.warnings)
         now = self.clock.now()
         self._learn_run_times(jobs)
         by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
@@ -108,6 +109,13 @@ class SchedulerLoop:
             self.reconciler.reconcile(namespace, name)
         except Exception:
             log.exception("reconcile of %s/%s failed; will retry", namespace, name)
+
+    def _log_new_warnings(self, warnings: list[str]) -> None:
+        """What the snapshot had to skip, logged once per appearance rather than every pass."""
+        current = set(warnings)
+        for warning in sorted(current - self._warned):
+            log.warning("snapshot: %s", warning)
+        self._warned = current
 
     def _queued(self, job: dict[str, Any]) -> QueuedJob | None:
         status = job.get("status") or {}
