@@ -56,11 +56,12 @@ def serve_synthetic(size: int, port: int) -> None:
     """Server process: a half-full synthetic cache; before each /filter one node changes, as the
     previous pod's bind would change it, so the memo only ever skips unchanged nodes."""
     cache = ClusterCache(WallClock())
-    cache.cluster = half_full_cluster(size)
-    cache.nodes_synced.set()
-    cache.pods_synced.set()
+    cache.ledger.cluster = half_full_cluster(size)
+    for synced in cache.synced.values():
+        synced.set()
     gc.collect()
     gc.freeze()  # as `gangshare extender` does after each cache (re)list
+    # Loopback peers only (the default), as kube-scheduler in the same pod calls it.
     app = create_app(cache, None, ExtenderMetrics())
     names = list(cache.cluster.nodes)
     rng = random.Random(11)
@@ -208,7 +209,7 @@ class BindWatch:
 
 
 def one_run(
-    cluster: LocalCluster, kubectl: list[str], pods: int, with_extender: bool, tag: str
+    cluster: LocalCluster, kubectl: list[str], pods: int, extender_port: int | None, tag: str
 ) -> float:
     state = cluster.state
     assert state is not None
@@ -244,7 +245,6 @@ def one_run(
     )
     config_path = Path(state.root) / f"{name}.yaml"
     template = binaries.repo_root() / "extender" / "scheduler-config.yaml"
-    extender_port = state.ports["extender"] if with_extender else None
     config_path.write_text(
         yaml.safe_dump(scheduler_config(Path(state.kubeconfig), name, extender_port, template))
     )
@@ -265,6 +265,37 @@ def one_run(
     if len(stamps) < pods:
         raise SystemExit(f"{tag}: only {len(stamps)} of {pods} pods bound")
     return (pods - 1) / (stamps[-1] - stamps[0])
+
+
+def start_extender(cluster: LocalCluster, port: int, scheduler_names: list[str]) -> Any:
+    state = cluster.state
+    assert state is not None
+    metrics_port = processes.free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "gangshare.cli",
+        "extender",
+        f"--kubeconfig={state.kubeconfig}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--metrics-host=127.0.0.1",
+        f"--metrics-port={metrics_port}",
+        *(f"--scheduler-name={name}" for name in scheduler_names),
+    ]
+    child = processes.start("bench-extender", argv, Path(state.logs), attached=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            conn = HTTPConnection("127.0.0.1", metrics_port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return child
+        except OSError:
+            pass
+        time.sleep(0.3)
+    processes.stop([child])
+    raise SystemExit("the bench's extender did not become ready within 60 s")
 
 
 def throughput(pods: int, rounds: int) -> None:
@@ -291,19 +322,24 @@ def throughput(pods: int, rounds: int) -> None:
     try:
         state = cluster.up(spec_nodes[:0] + room)
         kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
+        # The extender binds only pods of the schedulers it serves, so the bench runs its own
+        # for the bench's scheduler names (the cluster's serves gangshare-scheduler).
+        ext_tags = ["warmext", *(f"ext{r}" for r in range(rounds))]
+        extender_port = processes.free_port()
+        extender = start_extender(cluster, extender_port, [f"bench-{t}" for t in ext_tags])
         rates: dict[bool, list[float]] = {False: [], True: []}
-        for with_extender in (
-            False,
-            True,
-        ):  # warm-up, not counted: a fresh cluster's first burst is slow
-            one_run(
-                cluster, kubectl, pods, with_extender, f"warm{'ext' if with_extender else 'plain'}"
-            )
-        for round_ in range(rounds):
-            for with_extender in (False, True):
-                tag = f"{'ext' if with_extender else 'plain'}{round_}"
-                rates[with_extender].append(one_run(cluster, kubectl, pods, with_extender, tag))
-                print(f"   run {tag:<7} {rates[with_extender][-1]:7.1f} pods/s")
+        try:
+            # warm-up, not counted: a fresh cluster's first burst is slow
+            one_run(cluster, kubectl, pods, None, "warmplain")
+            one_run(cluster, kubectl, pods, extender_port, "warmext")
+            for round_ in range(rounds):
+                for with_extender in (False, True):
+                    tag = f"{'ext' if with_extender else 'plain'}{round_}"
+                    port = extender_port if with_extender else None
+                    rates[with_extender].append(one_run(cluster, kubectl, pods, port, tag))
+                    print(f"   run {tag:<7} {rates[with_extender][-1]:7.1f} pods/s")
+        finally:
+            processes.stop([extender])
         plain, ext = statistics.median(rates[False]), statistics.median(rates[True])
         print(f"   without extender {plain:7.1f} pods/s (median of {len(rates[False])})")
         print(f"   with extender    {ext:7.1f} pods/s (median of {len(rates[True])})")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from kube import Kube, new_namespace, start_session_cluster
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +26,22 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
 @pytest.fixture
 def namespace(kube: Kube) -> Iterator[str]:
     yield from new_namespace(kube)
+
+
+@pytest.fixture(scope="session")
+def crd(kube: Kube) -> Kube:
+    """The TrainingJob CRD and its admission policy, as `kubectl apply -f crds/` installs them."""
+    for path in ("trainingjob.yaml", "trainingjob-admission-policy.yaml"):
+        subprocess.run(
+            kube.kubectl("apply", "-f", str(ROOT / "crds" / path)),
+            check=True,
+            capture_output=True,
+        )
+    subprocess.run(
+        kube.kubectl(
+            "wait", "--for=condition=Established", "crd/trainingjobs.gangshare.io", "--timeout=60s"
+        ),
+        check=True,
+        capture_output=True,
+    )
+    return kube

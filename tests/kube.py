@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
+from gangshare.core.spec import parse_cluster_spec
 from gangshare.dev import binaries
 from gangshare.dev.cli import load_nodes
 from gangshare.dev.cluster import ClusterState, LocalCluster
 from gangshare.dev.processes import free_port
+from gangshare.kube.nodes import KWOK_NODE_ANNOTATION, node_manifest
 
 T = TypeVar("T")
 
@@ -125,27 +128,39 @@ class OperatorProcess:
     """`gangshare operator` as a real process against the session cluster, killable at will."""
 
     def __init__(
-        self, kube: Kube, log_dir: Path, *extra: str, env: dict[str, str] | None = None
+        self,
+        kube: Kube,
+        log_dir: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        faults: tuple[str, ...] = (),
     ) -> None:
         self.kube = kube
         self.log_dir = log_dir
         self.extra = extra
         self.env = env or {}
+        # Options of tests/integration/faulty_operator.py; empty runs the plain command.
+        self.faults = faults
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.liveness_port = free_port()
 
     def start(self) -> OperatorProcess:
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
+        launcher = (
+            [str(Path(__file__).parent / "integration" / "faulty_operator.py"), *self.faults, "--"]
+            if self.faults
+            else ["-m", "gangshare.cli"]
+        )
         argv = [
             sys.executable,
-            "-m",
-            "gangshare.cli",
+            *launcher,
             "operator",
             "--kubeconfig",
             self.kube.state.kubeconfig,
             "--liveness",
-            f"http://127.0.0.1:{free_port()}/healthz",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--cycle-interval",
             "0.5",
             "--backoff-base-seconds",
@@ -174,3 +189,156 @@ class OperatorProcess:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log"))
         )
+
+
+class NodePool:
+    """Fresh GPU nodes that only this test uses: a pool label (pods select it with a
+    nodeSelector) and a GPU model no other node has (TrainingJobs select it with gpuModel)."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.names: list[str] = []
+        self.label = f"p{uuid.uuid4().hex[:6]}"
+        self.model = f"TEST-GPU-{self.label}"
+
+    def nodes(
+        self,
+        count: int,
+        gpus: int,
+        islands: list[list[int]] | None = None,
+        *,
+        cpu: str = "64",
+        labels: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+        hostname: str | None = None,
+        managed: bool = True,
+        suffix: str = "",
+    ) -> list[str]:
+        """Create nodes; `managed=False` leaves them to no kubelet at all (KWOK ignores them),
+        Ready only because the test says so, like a node whose kubelet just died."""
+        spec = {
+            "nodePools": [
+                {
+                    "name": self.label + suffix,
+                    "count": count,
+                    "gpusPerNode": gpus,
+                    "gpuModel": self.model,
+                    "nvlinkIslands": islands or [],
+                    "cpu": cpu,
+                }
+            ]
+        }
+        created = []
+        for node in parse_cluster_spec(spec):
+            if node.name in self.names:
+                continue
+            manifest = node_manifest(node)
+            manifest["metadata"]["labels"]["gangshare.io/pool"] = self.label
+            manifest["metadata"]["labels"].update(labels or {})
+            if hostname is not None:
+                manifest["metadata"]["labels"]["kubernetes.io/hostname"] = hostname
+            if taints:
+                manifest["spec"]["taints"] = taints
+            if not managed:
+                del manifest["metadata"]["annotations"][KWOK_NODE_ANNOTATION]
+            self.kube.core.create_node(manifest)
+            created.append(node.name)
+        self.names += created
+        for name in created:
+            if not managed:
+                self.mark_ready(name)
+            eventually(lambda n=name: self._ready(n), what=f"{name} Ready, not-ready taint gone")
+        return created
+
+    def _ready(self, name: str) -> bool:
+        node = self.kube.core.read_node(name)
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        # The node controller taints a new node not-ready until it has seen it Ready.
+        tainted = any(t.key == "node.kubernetes.io/not-ready" for t in node.spec.taints or [])
+        return ready and not tainted
+
+    def mark_ready(self, node: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        self.kube.core.patch_node_status(node, {"status": {"conditions": [ready]}})
+
+    def occupy(self, node: str, gpus: list[int]) -> None:
+        """A running pod already holding these GPUs (bound directly, with its GPUs recorded)."""
+        name = f"holder-{node}-{'-'.join(map(str, gpus))}"
+        self.pod(
+            name,
+            len(gpus),
+            node_name=node,
+            annotations={"gangshare.io/planned-gpus": ",".join(map(str, gpus))},
+        )
+        eventually(
+            lambda: (
+                self.kube.core.read_namespaced_pod(name, self.namespace).status.phase == "Running"
+            )
+        )
+
+    def pod(
+        self,
+        name: str,
+        gpus: int,
+        resource: str = "nvidia.com/gpu",
+        node_name: str | None = None,
+        annotations: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        scheduler: str = "gangshare-scheduler",
+    ) -> None:
+        body = gpu_pod(
+            name,
+            gpus,
+            resource,
+            annotations,
+            labels,
+            scheduler=scheduler,
+            node_name=node_name,
+            node_selector={"gangshare.io/pool": self.label},
+        )
+        self.kube.core.create_namespaced_pod(self.namespace, body)
+
+    def placements(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """pod -> (node, GPUs) for every bound pod of this test."""
+        result = {}
+        for pod in self.kube.core.list_namespaced_pod(self.namespace).items:
+            planned = (pod.metadata.annotations or {}).get("gangshare.io/planned-gpus")
+            if pod.spec.node_name and planned is not None:
+                result[pod.metadata.name] = (
+                    pod.spec.node_name,
+                    tuple(int(g) for g in planned.split(",") if g),
+                )
+        return result
+
+    def wait_bound(
+        self, names: list[str], timeout: float = 60
+    ) -> dict[str, tuple[str, tuple[int, ...]]]:
+        def all_bound() -> dict[str, tuple[str, tuple[int, ...]]] | None:
+            placed = self.placements()
+            return placed if all(n in placed for n in names) else None
+
+        return eventually(
+            all_bound, timeout=timeout, what=f"{len(names)} pods bound with GPUs recorded"
+        )
+
+    def cleanup(self) -> None:
+        # Pods first, while KWOK still manages their nodes and finishes their deletion at once;
+        # pods on unmanaged nodes have no kubelet to finish theirs, so they go without grace.
+        self.kube.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
+        eventually(
+            lambda: not self.kube.core.list_namespaced_pod(self.namespace).items, what="pods gone"
+        )
+        for name in self.names:
+            try:
+                self.kube.core.delete_node(name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise

@@ -105,7 +105,8 @@ def run_demo(args: argparse.Namespace) -> int:
             ).stdout
         )
         subprocess.run(
-            [*kubectl, "apply", "-f", str(repo / "crds" / "trainingjob.yaml")],
+            # The CRD and the policy that keeps TrainingJob templates from escalating.
+            [*kubectl, "apply", "-f", str(repo / "crds")],
             check=True,
             capture_output=True,
         )

@@ -73,6 +73,34 @@ def test_up_then_kubectl_then_down_leaves_nothing(tmp_path: Path):
     assert alive(state["pids"]) == []
     assert [p for p in state["ports"].values() if port_is_open(p)] == []
     assert not (root / "state.json").exists()
+    assert (root / "etcd").exists()  # `down` keeps the last store to look at
+
+
+def test_up_again_after_down_on_the_same_folder_starts_clean(tmp_path: Path):
+    root = tmp_path / "dev"
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("nodePools:\n  - name: gpu\n    count: 1\n    gpusPerNode: 2\n")
+    up = [*GANGSHARE, "dev", "up", "--root", str(root), "--cluster", str(spec)]
+    down = [*GANGSHARE, "dev", "down", "--root", str(root)]
+    kubectl = binaries.bin_dir(build=False) / "kubectl"
+    try:
+        for round_ in range(2):
+            started = subprocess.run(up, capture_output=True, text=True, timeout=300)
+            assert started.returncode == 0 and "Traceback" not in started.stderr, (
+                round_,
+                started.stderr[-3000:],
+            )
+            nodes = subprocess.run(
+                [str(kubectl), f"--kubeconfig={root / 'kubeconfig'}", "get", "nodes", "-o", "name"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            assert nodes == ["node/gpu-0"]
+            stopped = subprocess.run(down, capture_output=True, text=True, timeout=120)
+            assert stopped.returncode == 0, stopped.stderr
+    finally:
+        subprocess.run(down, capture_output=True, text=True, timeout=120)
 
 
 def test_up_refuses_a_bad_cluster_spec(tmp_path: Path):

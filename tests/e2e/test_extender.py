@@ -2,134 +2,35 @@
 
 from __future__ import annotations
 
-import uuid
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from gangshare.core.annotations import NODE_UTILIZATION, encode_utilization
-from gangshare.core.spec import parse_cluster_spec
-from gangshare.kube.nodes import node_manifest
-from kube import Kube, eventually, gpu_pod
+from kube import Kube, NodePool, eventually, gpu_pod
+
+TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
 
 pytestmark = pytest.mark.e2e
 
 
-class Pool:
-    """Fresh KWOK GPU nodes that only this test's pods can land on (nodeSelector on the pool)."""
-
-    def __init__(self, kube: Kube, namespace: str) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.names: list[str] = []
-        self.label = f"p{uuid.uuid4().hex[:6]}"
-
-    def nodes(self, count: int, gpus: int, islands: list[list[int]] | None = None) -> list[str]:
-        spec = {
-            "nodePools": [
-                {
-                    "name": self.label,
-                    "count": count,
-                    "gpusPerNode": gpus,
-                    "nvlinkIslands": islands or [],
-                }
-            ]
-        }
-        created = []
-        for node in parse_cluster_spec(spec):
-            if node.name in self.names:
-                continue
-            self.kube.core.create_node(node_manifest(node))
-            created.append(node.name)
-        self.names += created
-        for name in created:
-            eventually(
-                lambda n=name: any(
-                    c.type == "Ready" and c.status == "True"
-                    for c in self.kube.core.read_node(n).status.conditions or []
-                ),
-                what=f"{name} Ready",
-            )
-        return created
-
-    def occupy(self, node: str, gpus: list[int]) -> None:
-        """A running pod already holding these GPUs (bound directly, with its GPUs recorded)."""
-        name = f"holder-{node}-{'-'.join(map(str, gpus))}"
-        self.pod(
-            name,
-            len(gpus),
-            node_name=node,
-            annotations={"gangshare.io/planned-gpus": ",".join(map(str, gpus))},
-        )
-        eventually(
-            lambda: (
-                self.kube.core.read_namespaced_pod(name, self.namespace).status.phase == "Running"
-            )
-        )
-
-    def pod(
-        self,
-        name: str,
-        gpus: int,
-        resource: str = "nvidia.com/gpu",
-        node_name: str | None = None,
-        annotations: dict[str, str] | None = None,
-        labels: dict[str, str] | None = None,
-    ) -> None:
-        body = gpu_pod(
-            name,
-            gpus,
-            resource,
-            annotations,
-            labels,
-            scheduler="gangshare-scheduler",
-            node_name=node_name,
-            node_selector={"gangshare.io/pool": self.label},
-        )
-        self.kube.core.create_namespaced_pod(self.namespace, body)
-
-    def placements(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """pod -> (node, GPUs) for every bound pod of this test."""
-        result = {}
-        for pod in self.kube.core.list_namespaced_pod(self.namespace).items:
-            planned = (pod.metadata.annotations or {}).get("gangshare.io/planned-gpus")
-            if pod.spec.node_name and planned is not None:
-                result[pod.metadata.name] = (
-                    pod.spec.node_name,
-                    tuple(int(g) for g in planned.split(",") if g),
-                )
-        return result
-
-    def wait_bound(
-        self, names: list[str], timeout: float = 60
-    ) -> dict[str, tuple[str, tuple[int, ...]]]:
-        def all_bound() -> dict[str, tuple[str, tuple[int, ...]]] | None:
-            placed = self.placements()
-            return placed if all(n in placed for n in names) else None
-
-        return eventually(
-            all_bound, timeout=timeout, what=f"{len(names)} pods bound with GPUs recorded"
-        )
-
-    def cleanup(self) -> None:
-        # Pods first, while KWOK still manages their nodes and finishes their deletion at once.
-        self.kube.core.delete_collection_namespaced_pod(self.namespace)
-        eventually(
-            lambda: not self.kube.core.list_namespaced_pod(self.namespace).items, what="pods gone"
-        )
-        for name in self.names:
-            self.kube.core.delete_node(name)
-
-
 @pytest.fixture
-def pool(kube: Kube, namespace: str) -> Iterator[Pool]:
-    created = Pool(kube, namespace)
+def pool(kube: Kube, namespace: str) -> Iterator[NodePool]:
+    created = NodePool(kube, namespace)
     yield created
     created.cleanup()
 
 
-def test_one_gpu_pods_are_packed_best_fit(pool: Pool):
+def test_one_gpu_pods_are_packed_best_fit(pool: NodePool):
     a, b, c, _d, _e = pool.nodes(5, 4)
     pool.occupy(a, [0])  # 3 free
     pool.occupy(b, [0, 1])  # 2 free
@@ -145,7 +46,7 @@ def test_one_gpu_pods_are_packed_best_fit(pool: Pool):
     assert len(used) == len(set(used)) == 8 + 4
 
 
-def test_a_four_gpu_pod_gets_one_whole_nvlink_island(pool: Pool):
+def test_a_four_gpu_pod_gets_one_whole_nvlink_island(pool: NodePool):
     x, _y = pool.nodes(2, 8, islands=[[0, 1, 2, 3], [4, 5, 6, 7]])
     pool.occupy(x, [0])
     pool.pod("island", 4)
@@ -153,7 +54,7 @@ def test_a_four_gpu_pod_gets_one_whole_nvlink_island(pool: Pool):
     assert placed["island"] == (x, (4, 5, 6, 7))  # best-fit node, the island nobody touched
 
 
-def test_opportunistic_pods_go_to_the_least_utilized_gpus(pool: Pool, kube: Kube):
+def test_opportunistic_pods_go_to_the_least_utilized_gpus(pool: NodePool, kube: Kube):
     busy, calm = pool.nodes(2, 2)
     for node, report in (
         (busy, {0: (0.9, 20000), 1: (0.8, 20000)}),
@@ -173,7 +74,7 @@ def test_opportunistic_pods_go_to_the_least_utilized_gpus(pool: Pool, kube: Kube
     assert pool.wait_bound(["opp-2"])["opp-2"] == (calm, (1,))
 
 
-def test_fifty_pods_at_once_on_exactly_fifty_free_gpus(pool: Pool):
+def test_fifty_pods_at_once_on_exactly_fifty_free_gpus(pool: NodePool):
     pool.nodes(6, 8)
     pool.nodes(7, 2)  # one more node (the 7th) with 2 GPUs: 50 in all
     names = [f"burst-{i}" for i in range(50)]
@@ -184,18 +85,276 @@ def test_fifty_pods_at_once_on_exactly_fifty_free_gpus(pool: Pool):
     assert len(used) == 50 and len(set(used)) == 50, "a GPU index was handed out twice"
 
 
-def test_rejection_reasons_reach_the_pods_events(pool: Pool, kube: Kube, namespace: str):
+def admit_by_hand(kube: Kube, namespace: str, name: str, placement: list[tuple[str, list[int]]]):
+    """A TrainingJob whose admission is committed (status written as the operator writes it);
+    no operator runs, so nothing else happens to it."""
+    job = kube.custom.create_namespaced_custom_object(
+        *TJ[:2],
+        namespace,
+        TJ[2],
+        {
+            "apiVersion": "gangshare.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": name},
+            "spec": {
+                "workers": len(placement),
+                "gpusPerWorker": len(placement[0][1]),
+                "template": {"spec": {"containers": [{"name": "t", "image": "t:1"}]}},
+            },
+        },
+    )
+    status = {
+        "phase": "Admitted",
+        "attempt": 0,
+        "admittedAt": "2026-01-01T00:00:00Z",
+        "placement": [
+            {"rank": r, "node": node, "gpus": gpus} for r, (node, gpus) in enumerate(placement)
+        ],
+    }
+    kube.custom.patch_namespaced_custom_object_status(
+        *TJ[:2], namespace, TJ[2], name, {"status": status}
+    )
+    return job
+
+
+def worker_pod(job: dict[str, Any], rank: int, gpus: int, pool: NodePool) -> client.V1Pod:
+    """A gang worker as the operator creates it: named, labelled, controlled by its job."""
+    name = job["metadata"]["name"]
+    body = gpu_pod(
+        f"{name}-worker-{rank}",
+        gpus,
+        labels={
+            "gangshare.io/job": name,
+            "gangshare.io/rank": str(rank),
+            "gangshare.io/attempt": "0",
+        },
+        scheduler="gangshare-scheduler",
+        node_selector={"gangshare.io/pool": pool.label},
+    )
+    body.metadata.owner_references = [
+        client.V1OwnerReference(
+            api_version="gangshare.io/v1alpha1",
+            kind="TrainingJob",
+            name=name,
+            uid=job["metadata"]["uid"],
+            controller=True,
+        )
+    ]
+    return body
+
+
+def test_rejection_reasons_reach_the_pods_events(pool: NodePool, crd: Kube, namespace: str):
+    kube = crd
     x, _y = pool.nodes(2, 4)
     pool.occupy(x, [0])
-    gang = {"gangshare.io/planned-node": x, "gangshare.io/planned-gpus": "0,1"}
-    pool.pod("stuck-worker", 2, annotations=gang, labels={"gangshare.io/job": "stuck"})
+    job = admit_by_hand(kube, namespace, "stuck", [(x, [0, 1])])
+    kube.core.create_namespaced_pod(namespace, worker_pod(job, 0, 2, pool))
 
     def failed_scheduling() -> Any:
         events = kube.core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=stuck-worker"
+            namespace, field_selector="involvedObject.name=stuck-worker-0"
         )
         return next((e.message for e in events.items if e.reason == "FailedScheduling"), None)
 
     message = eventually(failed_scheduling, what="FailedScheduling event")
     assert f"planned GPU 0 on {x} is held by pod:{namespace}/holder-{x}-0" in message
     assert f"gang plan places this worker on {x}" in message
+
+
+def test_an_admitted_plan_holds_its_gpus_before_its_pods_exist(
+    pool: NodePool, crd: Kube, namespace: str
+):
+    """The two-ledgers race: a bare GPU pod arriving between a gang's admission and its pods."""
+    kube = crd
+    (x,) = pool.nodes(1, 4)
+    job = admit_by_hand(kube, namespace, "early", [(x, [0, 1, 2, 3])])
+    pool.pod("bare", 2)
+
+    def refused() -> Any:
+        events = kube.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=bare"
+        )
+        return next((e.message for e in events.items if e.reason == "FailedScheduling"), None)
+
+    assert "0 of 4 GPUs free, worker needs 2" in eventually(refused, what="bare pod refused")
+    assert kube.core.read_namespaced_pod("bare", namespace).spec.node_name is None
+    # The gang's own worker is placed on its plan; once the job is done, the bare pod fits.
+    kube.core.create_namespaced_pod(namespace, worker_pod(job, 0, 4, pool))
+    assert pool.wait_bound(["early-worker-0"])["early-worker-0"] == (x, (0, 1, 2, 3))
+    kube.custom.patch_namespaced_custom_object_status(
+        *TJ[:2], namespace, TJ[2], "early", {"status": {"phase": "Succeeded"}}
+    )
+    kube.core.delete_namespaced_pod("early-worker-0", namespace, grace_period_seconds=0)
+    assert pool.wait_bound(["bare"])["bare"][0] == x
+
+
+def test_bind_binds_only_gangshares_own_pending_gpu_pods(
+    pool: NodePool, kube: Kube, namespace: str
+):
+    (x,) = pool.nodes(1, 2)
+    pool.pod("elsewhere", 1, scheduler="nobody-schedules-this")
+    verbs = f"http://127.0.0.1:{kube.state.ports['extender']}/bind"
+    uid = kube.core.read_namespaced_pod("elsewhere", namespace).metadata.uid
+    body = {"PodName": "elsewhere", "PodNamespace": namespace, "PodUID": uid, "Node": x}
+    request = urllib.request.Request(
+        verbs, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer = json.loads(response.read())
+    assert answer["Error"] == (
+        f"pod {namespace}/elsewhere belongs to scheduler 'nobody-schedules-this', not gangshare's"
+    )
+    assert kube.core.read_namespaced_pod("elsewhere", namespace).spec.node_name is None
+
+
+def test_the_verbs_are_not_reachable_from_another_address(kube: Kube):
+    port = kube.state.ports["extender"]
+    outside = (
+        next(
+            (
+                a
+                for a in socket.gethostbyname_ex(socket.gethostname())[2]
+                if not a.startswith("127.")
+            ),
+            None,
+        )
+        or _first_global_address()
+    )
+    with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
+        sock.settimeout(5)
+        sock.connect((outside, port))
+    # Nor can they be configured to listen there without TLS client certificates.
+    refused = subprocess.run(
+        [sys.executable, "-m", "gangshare.cli", "extender", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("error: --host 0.0.0.0: the verbs bind pods to nodes")
+
+
+def _first_global_address() -> str:
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        address = line.split()[3].split("/")[0]
+        if not address.startswith("127."):
+            return address
+    pytest.fail("this machine has no non-loopback IPv4 address to connect from")
+
+
+def _tls_files(folder: Path, host: str) -> dict[str, Path]:
+    """A CA, a serving certificate for `host`, and a client certificate signed by the CA."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+
+    def issue(name: str, key: Any, usage: Any, ca: bool = False, alt: Any = None) -> Any:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if usage is not None:
+            builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        if alt is not None:
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        return builder.sign(ca_key, hashes.SHA256())
+
+    pem = serialization.Encoding.PEM
+    files: dict[str, Path] = {}
+
+    def write(tag: str, cert: Any, key: Any) -> None:
+        files[f"{tag}.crt"] = folder / f"{tag}.crt"
+        files[f"{tag}.crt"].write_bytes(cert.public_bytes(pem))
+        if key is not None:
+            files[f"{tag}.key"] = folder / f"{tag}.key"
+            files[f"{tag}.key"].write_bytes(
+                key.private_bytes(
+                    pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
+
+    write("ca", issue("test-ca", ca_key, None, ca=True), None)
+    server_key, client_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    alt = [x509.IPAddress(ipaddress.ip_address(host))]
+    write("server", issue("extender", server_key, x509.OID_SERVER_AUTH, alt=alt), server_key)
+    write("client", issue("kube-scheduler", client_key, x509.OID_CLIENT_AUTH), client_key)
+    return files
+
+
+def test_over_tls_the_verbs_answer_only_callers_with_a_client_certificate(
+    kube: Kube, tmp_path: Path
+):
+    import ssl
+
+    from gangshare.dev import processes
+
+    outside = _first_global_address()
+    files = _tls_files(tmp_path, outside)
+    port, metrics = processes.free_port(), processes.free_port()
+    extender = processes.start(
+        "tls-extender",
+        [
+            sys.executable,
+            "-m",
+            "gangshare.cli",
+            "extender",
+            f"--kubeconfig={kube.state.kubeconfig}",
+            f"--host={outside}",
+            f"--port={port}",
+            "--metrics-host=127.0.0.1",
+            f"--metrics-port={metrics}",
+            f"--tls-cert={files['server.crt']}",
+            f"--tls-key={files['server.key']}",
+            f"--client-ca={files['ca.crt']}",
+        ],
+        tmp_path / "logs",
+        attached=True,
+    )
+    try:
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+
+        eventually(ready, timeout=60, what="TLS extender ready")
+        body = json.dumps(
+            {
+                "Pod": {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}},
+                "NodeNames": [],
+            }
+        )
+        request = urllib.request.Request(
+            f"https://{outside}:{port}/filter",
+            data=body.encode(),
+            headers={"content-type": "application/json"},
+        )
+        with_cert = ssl.create_default_context(cafile=str(files["ca.crt"]))
+        with_cert.load_cert_chain(str(files["client.crt"]), str(files["client.key"]))
+        with urllib.request.urlopen(request, context=with_cert, timeout=10) as answer:
+            assert answer.status == 200 and json.loads(answer.read())["Error"] == ""
+        without = ssl.create_default_context(cafile=str(files["ca.crt"]))
+        with (
+            pytest.raises((ssl.SSLError, ConnectionResetError, urllib.error.URLError)),
+            urllib.request.urlopen(request, context=without, timeout=10) as answer,
+        ):
+            answer.read()
+    finally:
+        processes.stop([extender])

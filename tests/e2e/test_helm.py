@@ -34,7 +34,11 @@ from kubernetes.client.exceptions import ApiException
 
 from gangshare.dev import binaries, processes
 from gangshare.extender.main import add_extender_command
-from gangshare.operator.main import add_operator_command, parse_quotas
+from gangshare.operator.main import (
+    add_operator_command,
+    parse_priority_limits,
+    parse_quotas,
+)
 from kube import Kube, eventually
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gangshare"
 CRD_FILE = ROOT / "crds" / "trainingjob.yaml"
 SAMPLE_CONFIG = ROOT / "extender" / "scheduler-config.yaml"
+POLICY_FILE = ROOT / "crds" / "trainingjob-admission-policy.yaml"
 CRD_NAME = "trainingjobs.gangshare.io"
 TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
 
@@ -150,6 +155,33 @@ def test_the_crd_is_the_repository_file_through_a_symlink(helm: Helm, tmp_path: 
         assert packed.read() == CRD_FILE.read_bytes()
 
 
+def test_the_template_policy_is_the_repository_file_and_the_pod_policy_names_the_release(
+    helm: Helm,
+):
+    manifests = helm.render(namespace="gs-sys")
+    shipped = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
+    for original in shipped:
+        rendered = manifests[(original["kind"], "gangshare-trainingjob-templates")]
+        assert rendered["metadata"]["labels"]["app.kubernetes.io/instance"] == "gangshare"
+        # The same policy as crds/, renamed after the release so both may be installed.
+        assert rendered["spec"] == {
+            **original["spec"],
+            **(
+                {"policyName": "gangshare-trainingjob-templates"}
+                if "policyName" in original["spec"]
+                else {}
+            ),
+        }
+    pod_policy = manifests[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
+    allowed = pod_policy["spec"]["matchConditions"][0]["expression"]
+    for account in ("gangshare-operator", "gangshare-scheduler"):
+        assert f"'system:serviceaccount:gs-sys:{account}'" in allowed
+    off = helm.render(
+        "--set", "admissionPolicies.templates=false", "--set", "admissionPolicies.podKeys=false"
+    )
+    assert not [key for key in off if key[0].startswith("ValidatingAdmissionPolicy")]
+
+
 def test_scheduler_config_has_the_shape_of_the_sample(helm: Helm):
     sample = yaml.safe_load(SAMPLE_CONFIG.read_text())
     config = scheduler_config(helm.render(namespace="gs-sys"))
@@ -178,10 +210,15 @@ def test_scheduler_name_and_extender_port_stay_consistent(helm: Helm):
     assert "--scheduler-name=team-gpu" in operator["args"]
     pod = containers(manifests[("Deployment", "gangshare-scheduler")])
     assert "--port=9000" in pod["extender"]["args"]
-    assert pod["extender"]["ports"][0]["containerPort"] == 9000
+    assert "--scheduler-name=team-gpu" in pod["extender"]["args"]
+    # The verbs stay on loopback; only the metrics port is a container port, and the Service's.
+    assert "--host=127.0.0.1" in pod["extender"]["args"]
+    assert pod["extender"]["ports"] == [
+        {"name": "metrics", "containerPort": 8889, "protocol": "TCP"}
+    ]
     service = manifests[("Service", "gangshare-extender")]
     assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": 8888, "targetPort": 9000, "protocol": "TCP"}
+        {"name": "metrics", "port": 8889, "targetPort": 8889, "protocol": "TCP"}
     ]
 
 
@@ -196,7 +233,9 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
                     "fairShare": True,
                     "smallJobMaxGpus": 2,
                     "quotas": {"research": 16, "production": 64},
+                    "maxPriority": {"*": 0, "research": 100},
                     "cycleInterval": 0.5,
+                    "startTimeoutSeconds": 300,
                 }
             }
         )
@@ -214,11 +253,19 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         "--small-job-max-gpus=2",
         "--quota=production=64",
         "--quota=research=16",
+        "--max-priority=*=0",
+        "--max-priority=research=100",
         "--user-error-retries=0",
         "--backoff-base-seconds=10",
+        "--start-timeout=300",
+        "--stuck-pod-seconds=60",
+        "--image-pull-grace=300",
+        "--stall-seconds=120",
     ]
     parsed = cli_parser().parse_args(args)
     assert parse_quotas(parsed.quota) == {"research": 16, "production": 64}
+    assert parse_priority_limits(parsed.max_priority) == {"*": 0, "research": 100}
+    assert parsed.start_timeout == 300
     assert (parsed.ordering, parsed.small_job_max_gpus, parsed.cycle_interval) == (
         "ShortestFirst",
         2,
@@ -236,7 +283,8 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         "http://0.0.0.0:8080/healthz",
     )
     extender = containers(defaults[("Deployment", "gangshare-scheduler")])["extender"]
-    assert cli_parser().parse_args(extender["args"]).port == 8888
+    parsed = cli_parser().parse_args(extender["args"])
+    assert (parsed.host, parsed.port, parsed.metrics_port) == ("127.0.0.1", 8888, 8889)
 
 
 def test_pods_are_locked_down_and_the_operator_is_a_singleton(helm: Helm):
@@ -356,7 +404,7 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     reader = rbac.read_namespaced_role_binding(f"{name}-{ns}-scheduler-auth-reader", "kube-system")
     assert reader.role_ref.name == "extension-apiserver-authentication-reader"
     service = kube.core.read_namespaced_service(f"{name}-extender", ns)
-    assert [(p.name, p.port) for p in service.spec.ports] == [("metrics", 8888)]
+    assert [(p.name, p.port) for p in service.spec.ports] == [("metrics", 8889)]
     assert service.spec.selector == scheduler.spec.selector.match_labels
     config = kube.core.read_namespaced_config_map(f"{name}-scheduler-config", ns)
     assert yaml.safe_load(config.data["scheduler-config.yaml"])["profiles"] == [
@@ -398,6 +446,7 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("operator", "delete", "trainingjobs.gangshare.io", "", "*", True),
     ("operator", "patch", "trainingjobs.gangshare.io", "status", "*", True),
     ("operator", "update", "trainingjobs.gangshare.io", "finalizers", "*", True),
+    ("operator", "get", "pods", "", "*", True),
     ("operator", "list", "pods", "", "*", True),
     ("operator", "watch", "pods", "", "*", True),
     ("operator", "create", "pods", "", "*", True),
@@ -422,6 +471,8 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("scheduler", "watch", "pods", "", "*", True),
     ("scheduler", "get", "pods", "", "*", True),
     ("scheduler", "create", "pods", "binding", "*", True),
+    ("scheduler", "list", "trainingjobs.gangshare.io", "", "*", True),
+    ("scheduler", "watch", "trainingjobs.gangshare.io", "", "*", True),
     # kube-scheduler: its Lease, delegated authentication, events
     ("scheduler", "create", "leases.coordination.k8s.io", "", "release", True),
     ("scheduler", "get", "leases.coordination.k8s.io/gangshare-scheduler", "", "release", True),
@@ -463,6 +514,60 @@ def test_service_accounts_may_do_exactly_what_the_code_does(kube: Kube, release:
     with ThreadPoolExecutor(max_workers=8) as pool:
         wrong = [problem for problem in pool.map(check, RBAC_TABLE) if problem]
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_release_keeps_gangshare_keys_on_pods_its_own(
+    kube: Kube, release: Release, namespace: str
+):
+    rbac = client.RbacAuthorizationV1Api(kube.api_client)
+    rbac.create_namespaced_role_binding(
+        namespace,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="tenant-edit"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"
+            ),
+            subjects=[
+                client.RbacV1Subject(
+                    kind="User", name="tenant", api_group="rbac.authorization.k8s.io"
+                )
+            ],
+        ),
+    )
+    forged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "forged",
+            "annotations": {"gangshare.io/assigned-gpus": "0,1,2,3"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "example.invalid/t:1"}]},
+    }
+
+    attempts = iter(range(1000))
+
+    def refused() -> str | None:
+        # A new name each try: a pod created before the policy took effect is not a refusal.
+        forged["metadata"]["name"] = f"forged-{next(attempts)}"
+        done = subprocess.run(
+            kube.kubectl("apply", "-n", namespace, "--as=tenant", "-f", "-"),
+            input=yaml.safe_dump(forged),
+            capture_output=True,
+            text=True,
+        )
+        return done.stderr if done.returncode != 0 else None
+
+    message = eventually(refused, timeout=20, what="the forged pod refused")
+    assert "metadata.annotations: keys under gangshare.io/" in message, message
+    # The same pod without the forged key is the tenant's to create.
+    del forged["metadata"]["annotations"]
+    allowed = subprocess.run(
+        kube.kubectl("apply", "-n", namespace, "--as=tenant", "-f", "-"),
+        input=yaml.safe_dump(forged),
+        capture_output=True,
+        text=True,
+    )
+    assert allowed.returncode == 0, allowed.stderr
 
 
 def sa_kubeconfig(kube: Kube, release: Release, who: str, folder: Path) -> Path:
@@ -523,7 +628,9 @@ def test_components_run_under_their_service_accounts(
     config = scheduler_config(release.manifests, name)
     scheduler_kubeconfig = sa_kubeconfig(kube, release, "scheduler", tmp_path)
     operator_kubeconfig = sa_kubeconfig(kube, release, "operator", tmp_path)
-    extender_port, scheduler_port, liveness_port = (processes.free_port() for _ in range(3))
+    extender_port, metrics_port, scheduler_port, liveness_port = (
+        processes.free_port() for _ in range(4)
+    )
     # The chart's configuration; only what differs outside a pod is rewritten.
     config["clientConnection"]["kubeconfig"] = str(scheduler_kubeconfig)
     config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}/"
@@ -532,8 +639,9 @@ def test_components_run_under_their_service_accounts(
     logs = tmp_path / "logs"
     extender_args = with_flags(
         pod["extender"]["args"],
-        host="127.0.0.1",
         port=str(extender_port),
+        metrics_host="127.0.0.1",
+        metrics_port=str(metrics_port),
         kubeconfig=str(scheduler_kubeconfig),
     )
     scheduler_args = with_flags(
@@ -562,7 +670,7 @@ def test_components_run_under_their_service_accounts(
         eventually(ready, timeout=30, what=f"{component} ready; log in {logs}")
 
     try:
-        start("extender", lambda: http_status(f"http://127.0.0.1:{extender_port}/readyz") == 200)
+        start("extender", lambda: http_status(f"http://127.0.0.1:{metrics_port}/readyz") == 200)
         start("kube-scheduler", lambda: https_ok(f"https://127.0.0.1:{scheduler_port}/healthz"))
         start("operator", lambda: http_status(f"http://127.0.0.1:{liveness_port}/healthz") == 200)
         coordination = client.CoordinationV1Api(kube.api_client)

@@ -1,33 +1,13 @@
-"""The TrainingJob CRD installed once per session, and a running operator per test."""
+"""A running operator per test (the CRD comes from the session fixture in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kube import Kube, OperatorProcess
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def crd(kube: Kube) -> Kube:
-    subprocess.run(
-        kube.kubectl("apply", "-f", str(ROOT / "crds" / "trainingjob.yaml")),
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        kube.kubectl(
-            "wait", "--for=condition=Established", "crd/trainingjobs.gangshare.io", "--timeout=60s"
-        ),
-        check=True,
-        capture_output=True,
-    )
-    return kube
 
 
 @pytest.fixture

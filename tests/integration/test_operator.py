@@ -236,7 +236,7 @@ def test_operator_killed_mid_admission_loses_nothing_and_duplicates_nothing(
     crd: Kube, namespace: str, tmp_path: Path
 ):
     # Slow pod creation down so SIGKILL lands between the workers of one gang.
-    slow = OperatorProcess(crd, tmp_path, env={"GANGSHARE_FAULT_POD_CREATE_DELAY": "0.7"}).start()
+    slow = OperatorProcess(crd, tmp_path, faults=("--pod-create-delay", "0.7")).start()
     jobs = {f"crash-{i}": 2 for i in range(3)}
     try:
         for name in jobs:

@@ -12,6 +12,7 @@ from gangshare.core import (
     TopologyPolicy,
     TopologyScope,
 )
+from gangshare.core.constraints import UNCONSTRAINED, PodConstraints, Taint
 from gangshare.core.gpu import GpuState
 
 
@@ -28,6 +29,10 @@ class NodeBuilder:
         self._unhealthy: set[int] = set()
         self._cordon: str | None = None
         self._slots = 4
+        self._taints: list[Taint] = []
+        self._labels: dict[str, str] = {}
+        self._allocatable: dict[str, int] | None = None
+        self._requested: dict[str, int] = {}
 
     def gpus(
         self, count: int, model: str | None = None, memory_mib: int | None = None
@@ -65,6 +70,22 @@ class NodeBuilder:
         self._slots = slots
         return self
 
+    def taint(self, key: str, value: str = "", effect: str = "NoSchedule") -> NodeBuilder:
+        self._taints.append(Taint(key, value, effect))
+        return self
+
+    def label(self, key: str, value: str) -> NodeBuilder:
+        self._labels[key] = value
+        return self
+
+    def allocatable(self, cpu_milli: int, memory_gib: int, pods: int = 110) -> NodeBuilder:
+        self._allocatable = {"cpu": cpu_milli, "memory": memory_gib * 2**30, "pods": pods}
+        return self
+
+    def requested(self, **amounts: int) -> NodeBuilder:
+        self._requested.update(amounts)
+        return self
+
     def build(self) -> NodeState:
         node = NodeState.build(
             self._name,
@@ -74,6 +95,7 @@ class NodeBuilder:
             ],
             self._islands,
             rack=self._rack,
+            labels=self._labels,
         )
         for gpu in node.gpus:
             gpu.share_slots = self._slots
@@ -82,6 +104,9 @@ class NodeBuilder:
         for index, mib in self._memory_used.items():
             node.gpus[index].memory_used_mib = mib
         node.unschedulable_reason = self._cordon
+        node.taints = tuple(self._taints)
+        node.allocatable = self._allocatable
+        node.requested = dict(self._requested)
         node.recount()
         return node
 
@@ -143,6 +168,7 @@ class GangBuilder:
         self._memory: int | None = None
         self._topology = Topology()
         self._model: str | None = None
+        self._constraints = UNCONSTRAINED
 
     def workers(self, count: int) -> GangBuilder:
         self._workers = count
@@ -167,6 +193,10 @@ class GangBuilder:
         self._model = model
         return self
 
+    def constrained(self, constraints: PodConstraints) -> GangBuilder:
+        self._constraints = constraints
+        return self
+
     def build(self) -> GangRequest:
         return GangRequest(
             self._owner,
@@ -176,6 +206,7 @@ class GangBuilder:
             self._topology,
             self._memory,
             self._model,
+            self._constraints,
         )
 
 

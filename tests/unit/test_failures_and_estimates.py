@@ -8,6 +8,7 @@ from gangshare.core.failures import (
     FailureSignal,
     RetryPolicy,
     classify_failure,
+    classify_image_pull,
     decide_retry,
 )
 
@@ -19,7 +20,7 @@ USER, INFRA = FailureClass.USER, FailureClass.INFRASTRUCTURE
     [
         (FailureSignal(pod_reason="Evicted"), INFRA, "Evicted"),
         (FailureSignal(pod_reason="NodeLost"), INFRA, "NodeLost"),
-        (FailureSignal(waiting_reason="ImagePullBackOff"), USER, "ImagePullBackOff"),
+        (FailureSignal(waiting_reason="InvalidImageName"), USER, "InvalidImageName"),
         (
             FailureSignal(waiting_reason="CreateContainerConfigError"),
             USER,
@@ -62,3 +63,35 @@ def test_estimator_prefers_declared_then_history_then_default():
     assert estimator.predict("q", 4) == 20
     assert estimator.predict("q", 8) == 100
     assert estimator.predict("q", 4, declared=7) == 7
+
+
+@pytest.mark.parametrize(
+    ("message", "waited", "expected"),
+    [
+        # Transient registry trouble: the kubelet retries first, then the gang restarts.
+        ("dial tcp 10.0.0.5:443: i/o timeout", 30, None),
+        ("dial tcp 10.0.0.5:443: i/o timeout", 300, (INFRA, "ImagePullFailing")),
+        (
+            "received unexpected HTTP status: 503 Service Unavailable",
+            400,
+            (INFRA, "ImagePullFailing"),
+        ),
+        ("toomanyrequests: You have reached your pull rate limit", 10, None),
+        ("", 299, None),
+        # The image does not exist or may not be pulled: it repeats, so it fails fast.
+        (
+            'failed to resolve reference "r.io/t:9": r.io/t:9: not found',
+            1,
+            (USER, "ImageNotPullable"),
+        ),
+        (
+            "pull access denied, repository does not exist or may require authorization",
+            1,
+            (USER, "ImageNotPullable"),
+        ),
+        ("unexpected status from HEAD request: 401 Unauthorized", 1, (USER, "ImageNotPullable")),
+    ],
+)
+def test_image_pull_errors_are_classified_by_what_the_registry_said(message, waited, expected):
+    failure = classify_image_pull("ErrImagePull", message, waited, 300, "worker 0")
+    assert (None if failure is None else (failure.failure_class, failure.reason)) == expected

@@ -29,11 +29,21 @@ NODE_UTILIZATION = f"{GROUP}/gpu-utilization"
 
 JOB_LABEL = f"{GROUP}/job"
 RANK_LABEL = f"{GROUP}/rank"
+ATTEMPT_LABEL = f"{GROUP}/attempt"
 CLASS_LABEL = f"{GROUP}/service-class"
 POD_PLANNED_NODE = f"{GROUP}/planned-node"
 POD_PLANNED_GPUS = f"{GROUP}/planned-gpus"
 POD_ASSIGNED_GPUS = f"{GROUP}/assigned-gpus"
 POD_GPU_MEMORY = f"{GROUP}/gpu-memory-mib"
+
+# Keys under gangshare.io/ a tenant may set on a TrainingJob template: markers that only the
+# dev cluster's KWOK stages read. Every other gangshare.io/ key is written by gangshare alone.
+TENANT_KEYS = frozenset({f"{GROUP}/kwok-exit-code", f"{GROUP}/kwok-run-for"})
+
+
+def is_reserved_key(key: str) -> bool:
+    """A label or annotation key only gangshare's own components may write."""
+    return key.startswith(f"{GROUP}/") and key not in TENANT_KEYS
 
 
 class AnnotationError(ValueError):

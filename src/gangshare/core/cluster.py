@@ -7,8 +7,8 @@ watches, the simulator keeps one as its live state. All mutation goes through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gangshare.core.gpu import Tenant
 from gangshare.core.job import ServiceClass
@@ -24,6 +24,8 @@ class Allocation:
     node: str
     gpu_indices: tuple[int, ...]
     tenant: Tenant
+    # Non-GPU requests the worker takes on the node (CPU, memory, pods), released with it.
+    resources: tuple[tuple[str, int], ...] = field(default=())
 
 
 class Cluster:
@@ -80,6 +82,7 @@ class Cluster:
         gpu_indices: Sequence[int],
         service_class: ServiceClass,
         memory_mib: int | None = None,
+        resources: Mapping[str, int] | None = None,
     ) -> Allocation:
         node = self.nodes[node_name]
         tenant = Tenant(owner, worker, service_class, memory_mib)
@@ -100,8 +103,10 @@ class Cluster:
                 )
         before = node.free_guaranteed
         self._attach(node, indices, tenant)
+        taken = tuple(sorted((resources or {}).items()))
+        _add_requests(node, taken, 1)
         self._reindex(node, before)
-        allocation = Allocation(node_name, indices, tenant)
+        allocation = Allocation(node_name, indices, tenant, taken)
         self._allocations.setdefault(owner, []).append(allocation)
         return allocation
 
@@ -155,6 +160,7 @@ class Cluster:
             if node is not None:
                 before = node.free_guaranteed
                 self._detach(node, allocation)
+                _add_requests(node, allocation.resources, -1)
                 self._reindex(node, before)
 
     def _reindex(self, node: NodeState, before: int) -> None:
@@ -163,3 +169,8 @@ class Cluster:
         if after != before:
             self._by_free[before].pop(node.name, None)
             self._by_free.setdefault(after, {})[node.name] = None
+
+
+def _add_requests(node: NodeState, resources: tuple[tuple[str, int], ...], sign: int) -> None:
+    for name, amount in resources:
+        node.requested[name] = node.requested.get(name, 0) + sign * amount

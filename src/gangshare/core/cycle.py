@@ -17,9 +17,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gangshare.core.cluster import Cluster
-from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, plan_gang
+from gangshare.core.constraints import PodConstraints
+from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
 from gangshare.core.job import ServiceClass, Topology
-from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, order_lanes
+from gangshare.core.queueing import (
+    QueuedJob,
+    QueuePolicy,
+    RunningJob,
+    order_lanes,
+    policy_refusal,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,9 @@ class PendingKind(StrEnum):
     QUOTA = "QuotaExceeded"
     BEHIND = "WaitingInQueue"
     BACKFILL = "WaitingForReservation"
+    # Waiting cannot help (the shape fits nowhere, above the queue's quota or priority bound):
+    # the job is marked and skipped, so it never blocks the jobs behind it.
+    INADMISSIBLE = "Inadmissible"
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,7 @@ class CycleResult:
     reservations: list[Reservation] = field(default_factory=list)
 
 
-ShapeKey = tuple[ServiceClass, int, Topology, str | None, int | None]
+ShapeKey = tuple[ServiceClass, int, Topology, str | None, int | None, PodConstraints]
 
 
 def schedule_cycle(
@@ -86,13 +96,14 @@ def schedule_cycle(
         blocked = cycle.consider(job)
         if blocked and not (policy.backfill and job.service_class is ServiceClass.GUARANTEED):
             for waiting in lane:
-                cycle.result.pending.append(
-                    Pending(
-                        waiting,
-                        f"waiting behind {job.key} (strict order in its queue)",
-                        PendingKind.BEHIND,
+                if not cycle.mark_if_inadmissible(waiting):
+                    cycle.result.pending.append(
+                        Pending(
+                            waiting,
+                            f"waiting behind {job.key} (strict order in its queue)",
+                            PendingKind.BEHIND,
+                        )
                     )
-                )
             lane.clear()
         if not lane:
             open_lanes.remove(lane)
@@ -117,6 +128,8 @@ class _Cycle:
         self.result = CycleResult()
         # The cluster only fills up during a cycle, so a shape that failed keeps failing.
         self.failed_shapes: dict[ShapeKey, tuple[int, str]] = {}
+        # Shape and workers -> why it can never fit (None: it could), judged once per cycle.
+        self.never: dict[tuple[object, ...], str | None] = {}
         self._free_gpus: int | None = None
 
     def lane_priority(self, lane: list[QueuedJob]) -> tuple[float, tuple[float, float, str]]:
@@ -126,8 +139,30 @@ class _Cycle:
             self.policy.order_key(head),
         )
 
+    def mark_if_inadmissible(self, job: QueuedJob) -> bool:
+        """Record the job as Inadmissible when waiting cannot help it; True if so."""
+        gang = job.gang
+        key: tuple[object, ...] = (
+            gang.service_class,
+            gang.workers,
+            gang.gpus_per_worker,
+            gang.topology,
+            gang.gpu_model,
+            gang.gpu_memory_mib,
+            gang.constraints,
+        )
+        if key not in self.never:
+            self.never[key] = never_fits(self.cluster, gang)
+        reason = policy_refusal(self.policy, job) or self.never[key]
+        if reason is None:
+            return False
+        self.result.pending.append(Pending(job, reason, PendingKind.INADMISSIBLE))
+        return True
+
     def consider(self, job: QueuedJob) -> bool:
-        """Admit the job if it may run now; True when it stays blocked."""
+        """Admit the job if it may run now; True when it stays blocked (and blocks its lane)."""
+        if self.mark_if_inadmissible(job):
+            return False
         quota = self._quota_reason(job)
         if quota is not None:
             self.result.pending.append(Pending(job, quota, PendingKind.QUOTA))
@@ -144,6 +179,7 @@ class _Cycle:
             gang.topology.effective(waited),
             gang.gpu_model,
             gang.gpu_memory_mib,
+            gang.constraints,
         )
         known = self.failed_shapes.get(shape)
         if known is not None and gang.workers >= known[0]:

@@ -9,14 +9,31 @@ from enum import StrEnum
 # Reasons that do not change when the same spec runs again.
 USER_WAITING_REASONS = frozenset(
     {
-        "ErrImagePull",
-        "ImagePullBackOff",
         "InvalidImageName",
         "CreateContainerConfigError",
         "CreateContainerError",
         "RunContainerError",
     }
 )
+# The kubelet could not pull the image. Usually the registry or the network (timeouts, 5xx,
+# rate limits): the kubelet retries on its own, and a gang that still cannot pull is restarted
+# as an infrastructure failure with back-off. Only an image that does not exist or may not be
+# pulled repeats identically, and fails fast as the user's error.
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
+IMAGE_PULL_USER_MARKERS = (
+    "not found",
+    "manifest unknown",
+    "name unknown",
+    "repository does not exist",
+    "does not exist or may require",
+    "pull access denied",
+    "unauthorized",
+    "authentication required",
+    "denied",
+    "invalid reference format",
+)
+# How long the kubelet's own pull retries get before the gang is restarted elsewhere.
+DEFAULT_IMAGE_PULL_GRACE_SECONDS = 300.0
 # The pod went away under the job: node, eviction, preemption, kubelet admission.
 INFRA_POD_REASONS = frozenset(
     {
@@ -87,6 +104,28 @@ def classify_failure(signal: FailureSignal) -> Failure:
         FailureClass.INFRASTRUCTURE,
         "ErrorExitLate",
         f"{what}{after}; a late failure is retried as infrastructure",
+    )
+
+
+def classify_image_pull(
+    reason: str, message: str, waited_seconds: float, grace_seconds: float, worker: str
+) -> Failure | None:
+    """A failure for a worker stuck pulling its image, or None while the kubelet may still
+    succeed (a transient error inside its grace)."""
+    text = message.lower()
+    if any(marker in text for marker in IMAGE_PULL_USER_MARKERS):
+        return Failure(
+            FailureClass.USER,
+            "ImageNotPullable",
+            f"{worker}: {reason}: {message}".rstrip(": ")
+            + " (the image does not exist or may not be pulled)",
+        )
+    if waited_seconds < grace_seconds:
+        return None
+    return Failure(
+        FailureClass.INFRASTRUCTURE,
+        "ImagePullFailing",
+        f"{worker}: {reason} for {waited_seconds:.0f}s: {message}".rstrip(": "),
     )
 
 

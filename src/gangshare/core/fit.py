@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gangshare.core.constraints import (
+    resource_room,
+    selector_mismatch,
+    short_resource,
+    untolerated_taint,
+)
 from gangshare.core.gpu import GpuState
 from gangshare.core.job import TopologyPolicy, WorkerRequest
 from gangshare.core.node import NodeState
@@ -29,6 +35,17 @@ def static_rejection(node: NodeState, req: WorkerRequest) -> Rejection | None:
     """Reasons no amount of waiting fixes: the node itself does not match."""
     if not node.schedulable:
         return Rejection(node.name, node.unschedulable_reason or "node is unschedulable", False)
+    constraints = req.constraints
+    if node.taints:
+        taint = untolerated_taint(node.taints, constraints.tolerations)
+        if taint is not None:
+            return Rejection(
+                node.name, f"node has taint {taint} the worker does not tolerate", False
+            )
+    if constraints.node_selector or constraints.affinity:
+        mismatch = selector_mismatch(node.name, node.labels, constraints)
+        if mismatch is not None:
+            return Rejection(node.name, mismatch, False)
     if req.gpu_model is not None and node.gpu_model != req.gpu_model:
         return Rejection(
             node.name, f"GPU model {node.gpu_model or 'none'}, job requires {req.gpu_model}", False
@@ -72,6 +89,14 @@ def worker_capacity(
 
 def _room(node: NodeState, req: WorkerRequest, exclude: frozenset[int] = frozenset()) -> int:
     """worker_capacity for a node that already passed the static checks."""
+    gpus = _gpu_room(node, req, exclude)
+    if node.allocatable is None or gpus == 0:
+        return gpus
+    pods = resource_room(node.allocatable, node.requested, req.constraints.resource_map())
+    return gpus if pods is None else min(gpus, pods)
+
+
+def _gpu_room(node: NodeState, req: WorkerRequest, exclude: frozenset[int]) -> int:
     if req.guaranteed and not exclude and req.island_policy is not TopologyPolicy.REQUIRED:
         return node.free_guaranteed // req.gpus
     usable = usable_gpus(node, req, exclude)
@@ -81,6 +106,27 @@ def _room(node: NodeState, req: WorkerRequest, exclude: frozenset[int] = frozens
     return sum(sum(1 for i in island if i in usable_set) // req.gpus for island in node.islands)
 
 
+def capacity_if_empty(node: NodeState, req: WorkerRequest) -> int:
+    """Workers of `req` the node could hold with nothing else on it: what the planner's room
+    is on an empty node, so it decides whether a gang can ever fit (0: the node does not match)."""
+    if static_rejection(node, req) is not None:
+        return 0
+    memory = req.opportunistic_memory_mib
+    ok = {
+        g.index
+        for g in node.gpus
+        if g.gpu.healthy and (req.guaranteed or (g.share_slots >= 1 and g.gpu.memory_mib >= memory))
+    }
+    if req.island_policy is TopologyPolicy.REQUIRED:
+        gpus = sum(sum(1 for i in island if i in ok) // req.gpus for island in node.islands)
+    else:
+        gpus = len(ok) // req.gpus
+    if node.allocatable is None or gpus == 0:
+        return gpus
+    pods = resource_room(node.allocatable, {}, req.constraints.resource_map())
+    return gpus if pods is None else min(gpus, pods)
+
+
 def filter_worker(node: NodeState, req: WorkerRequest) -> Rejection | None:
     """None when one worker fits on the node; otherwise the reason it does not."""
     static = static_rejection(node, req)
@@ -88,6 +134,9 @@ def filter_worker(node: NodeState, req: WorkerRequest) -> Rejection | None:
         return static
     if _room(node, req) >= 1:
         return None
+    if node.allocatable is not None and _gpu_room(node, req, frozenset()) >= 1:
+        short = short_resource(node.allocatable, node.requested, req.constraints.resource_map())
+        return Rejection(node.name, short or "not enough resources left for a worker")
     usable = usable_gpus(node, req)
     if req.guaranteed:
         if len(usable) < req.gpus:

@@ -16,8 +16,14 @@ from dataclasses import dataclass
 
 from gangshare.core.choose import choose_gpus
 from gangshare.core.cluster import AllocationError, Cluster
-from gangshare.core.fit import worker_capacity
-from gangshare.core.job import GangRequest, TopologyPolicy, TopologyScope, WorkerRequest
+from gangshare.core.fit import capacity_if_empty, static_rejection, worker_capacity
+from gangshare.core.job import (
+    GangRequest,
+    Topology,
+    TopologyPolicy,
+    TopologyScope,
+    WorkerRequest,
+)
 from gangshare.core.node import NodeState
 from gangshare.core.score import opportunistic_bound, score_worker
 
@@ -77,6 +83,7 @@ def plan_gang(
 
 def apply_plan(cluster: Cluster, gang: GangRequest, plan: GangPlan) -> None:
     """Allocate every worker of the plan, or none of them."""
+    resources = gang.constraints.resource_map()
     try:
         for placement in plan.placements:
             cluster.allocate(
@@ -86,10 +93,75 @@ def apply_plan(cluster: Cluster, gang: GangRequest, plan: GangPlan) -> None:
                 placement.gpu_indices,
                 gang.service_class,
                 gang.gpu_memory_mib if not gang.worker().guaranteed else None,
+                resources,
             )
     except AllocationError:
         cluster.release(gang.owner)
         raise
+
+
+def never_fits(cluster: Cluster, gang: GangRequest) -> str | None:
+    """Why the gang could not be placed even on an empty cluster; None when it could.
+
+    Waiting cannot help such a job, so it must not hold its queue's head. A topology
+    that relaxes after a while is judged relaxed: waiting does help it.
+    """
+    topology = gang.topology
+    if topology.relax_after_seconds is not None:
+        topology = topology.relaxed()
+    req = gang.worker(topology.island_policy)
+    total = 0
+    per_rack: dict[str, int] = {}
+    largest = 0
+    reasons: dict[str, int] = {}
+    for node in cluster.nodes.values():
+        room = capacity_if_empty(node, req)
+        if room == 0:
+            rejection = static_rejection(node, req)
+            reason = rejection.reason if rejection else "too little room for one worker"
+            reasons[reason] = reasons.get(reason, 0) + 1
+            continue
+        total += room
+        largest = max(largest, room)
+        per_rack[node.rack] = per_rack.get(node.rack, 0) + room
+        if _enough(topology, gang.workers, total, largest, per_rack[node.rack]):
+            # Found room for the whole gang: the reasons other nodes refuse are not needed.
+            return None
+    ask = f"{gang.workers} worker(s) x {gang.gpus_per_worker} GPU(s)"
+    why = ""
+    if reasons:
+        # As kube-scheduler words it: the commonest reasons first, with how many nodes each.
+        ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:3]
+        shown = "; ".join(f"{count}: {reason}" for reason, count in ranked)
+        more = "; ..." if len(reasons) > 3 else ""
+        why = (
+            f"; {sum(reasons.values())} of {len(cluster.nodes)} node(s) cannot take one "
+            f"({shown}{more})"
+        )
+    required = topology.policy is TopologyPolicy.REQUIRED
+    if total < gang.workers:
+        return f"can never fit: {ask}, the whole cluster holds at most {total} even when empty{why}"
+    if required and topology.scope is TopologyScope.NODE and largest < gang.workers:
+        return (
+            f"can never fit: {ask} on one node (topology Node, Required), "
+            f"the largest holds {largest}{why}"
+        )
+    if required and topology.scope is TopologyScope.RACK and max(per_rack.values()) < gang.workers:
+        return (
+            f"can never fit: {ask} in one rack (topology Rack, Required), "
+            f"the largest rack holds {max(per_rack.values())}{why}"
+        )
+    return None
+
+
+def _enough(topology: Topology, workers: int, total: int, largest: int, in_rack: int) -> bool:
+    if topology.policy is not TopologyPolicy.REQUIRED:
+        return total >= workers
+    if topology.scope is TopologyScope.NODE:
+        return largest >= workers
+    if topology.scope is TopologyScope.RACK:
+        return in_rack >= workers
+    return total >= workers
 
 
 # ----- phase 1..3: which nodes, how many workers each ------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gangshare.core.constraints import UNCONSTRAINED, PodConstraints
+
 DEFAULT_OPPORTUNISTIC_MEMORY_MIB = 2048
 
 
@@ -68,6 +70,8 @@ class WorkerRequest:
     gpu_memory_mib: int | None = None
     gpu_model: str | None = None
     island_policy: TopologyPolicy = TopologyPolicy.PREFERRED
+    # Taints, selectors, affinity and non-GPU resources kube-scheduler will check.
+    constraints: PodConstraints = UNCONSTRAINED
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -95,6 +99,7 @@ class GangRequest:
     topology: Topology = field(default_factory=Topology)
     gpu_memory_mib: int | None = None
     gpu_model: str | None = None
+    constraints: PodConstraints = UNCONSTRAINED
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -113,4 +118,5 @@ class GangRequest:
             gpu_memory_mib=self.gpu_memory_mib,
             gpu_model=self.gpu_model,
             island_policy=self.topology.island_policy if island_policy is None else island_policy,
+            constraints=self.constraints,
         )

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gangshare.core.constraints import Taint
 from gangshare.core.gpu import Gpu, GpuState
 from gangshare.core.topology import Island, normalize_islands
 
@@ -20,8 +21,14 @@ class NodeState:
     islands: tuple[Island, ...]
     rack: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
-    # Why the node takes no new work (cordoned, NotReady, tainted); None when it does.
+    # Why the node takes no new work (cordoned, NotReady); None when it does. Taints are
+    # per pod (tolerations), so they are kept apart.
     unschedulable_reason: str | None = None
+    taints: tuple[Taint, ...] = ()
+    # What kube-scheduler's resource fit sees (CPU millicores, memory bytes, pods, extended
+    # resources); None when unknown (the simulator, the extender), which skips the check.
+    allocatable: Mapping[str, int] | None = None
+    requested: dict[str, int] = field(default_factory=dict)
     _free_guaranteed: int = field(default=-1, repr=False)
     # Bumped on every change, so callers can memoize per-node answers (like a generation).
     version: int = field(default=0, repr=False, compare=False)

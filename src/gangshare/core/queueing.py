@@ -65,6 +65,8 @@ class QueuePolicy:
     # Guaranteed GPU quota per queue; queues not listed are unlimited.
     quotas: Mapping[str, int] = field(default_factory=dict)
     weights: Mapping[str, float] = field(default_factory=dict)
+    # Highest spec.priority a queue accepts ("*" for queues not listed); unlisted: unbounded.
+    max_priority: Mapping[str, int] = field(default_factory=dict)
     # Used by backfill for jobs nothing predicts.
     default_runtime_seconds: float = 3600.0
 
@@ -82,8 +84,25 @@ class QueuePolicy:
             return (runtime * job.gpus, job.submitted_at, job.key)
         return (job.submitted_at, 0.0, job.key)
 
+    def priority_limit(self, queue: str) -> int | None:
+        return self.max_priority.get(queue, self.max_priority.get("*"))
+
     def weight(self, queue: str) -> float:
         return max(1e-9, self.weights.get(queue, 1.0))
+
+
+def policy_refusal(policy: QueuePolicy, job: QueuedJob) -> str | None:
+    """What the queue's policy never allows this job, whatever else runs; None when allowed."""
+    limit = policy.priority_limit(job.queue)
+    if limit is not None and job.priority > limit:
+        return f"spec.priority {job.priority} is above queue {job.queue}'s maximum of {limit}"
+    quota = policy.quotas.get(job.queue)
+    if job.service_class is ServiceClass.GUARANTEED and quota is not None and job.gpus > quota:
+        return (
+            f"needs {job.gpus} guaranteed GPUs, more than queue {job.queue}'s "
+            f"whole quota of {quota}"
+        )
+    return None
 
 
 def order_lanes(

@@ -9,16 +9,18 @@ to `<root>/logs/`. Nodes come from a cluster spec (the core's `NodeSpec`s).
 from __future__ import annotations
 
 import json
+import shutil
 import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from gangshare.core.spec import NodeSpec
 from gangshare.dev import components, processes
@@ -92,8 +94,16 @@ class LocalCluster:
                 "run `gangshare dev down` first"
             )
         self.layout.root.mkdir(parents=True, exist_ok=True)
+        # Every `up` starts clean: `down` keeps the last store for a look, but its objects (nodes,
+        # service-account tokens signed by the old keys) would clash with the fresh PKI and nodes.
+        shutil.rmtree(self.layout.etcd_data, ignore_errors=True)
         try:
             return self._start(nodes, time.monotonic() + timeout)
+        except ApiException as err:
+            self.down()
+            raise ClusterError(
+                f"the API server refused a request: {err.status} {err.reason}"
+            ) from None
         except BaseException:
             self.down()
             raise
@@ -101,7 +111,7 @@ class LocalCluster:
     def _start(self, nodes: list[NodeSpec], deadline: float) -> ClusterState:
         layout = self.layout
         creds = generate_credentials(layout.pki)
-        ports = Ports(*(processes.free_port() for _ in range(8)))
+        ports = Ports(*(processes.free_port() for _ in range(len(fields(Ports)))))
         server = f"https://127.0.0.1:{ports.apiserver}"
         layout.kubeconfig.write_text(
             yaml.safe_dump(components.kubeconfig(server, creds), sort_keys=False)
@@ -149,7 +159,7 @@ class LocalCluster:
             ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),
             ("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/healthz"),
             ("kwok", f"http://127.0.0.1:{ports.kwok}/healthz"),
-            ("gangshare-extender", f"http://127.0.0.1:{ports.extender}/readyz"),
+            ("gangshare-extender", f"http://127.0.0.1:{ports.extender_metrics}/readyz"),
         ]
         for name, url in healthz:
             self._wait_healthy(name, url, deadline)

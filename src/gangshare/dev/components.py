@@ -29,6 +29,7 @@ class Ports:
     kwok: int
     extender: int
     gangshare_scheduler: int
+    extender_metrics: int
 
     def all(self) -> list[int]:
         return list(asdict(self).values())
@@ -201,6 +202,8 @@ def extender_argv(layout: Layout, ports: Ports) -> list[str]:
         f"--kubeconfig={layout.kubeconfig}",
         "--host=127.0.0.1",
         f"--port={ports.extender}",
+        "--metrics-host=127.0.0.1",
+        f"--metrics-port={ports.extender_metrics}",
         # Debugging aid: GANGSHARE_EXTENDER_RECORD=DIR keeps what kube-scheduler sends.
         *(
             [f"--record={record}"]

@@ -1,9 +1,16 @@
-"""The extender's HTTP surface: POST /filter, /prioritize, /bind; /healthz, /readyz, /metrics.
+"""The extender's HTTP surfaces: the verbs for kube-scheduler, and health and metrics apart.
+
+- `create_app`: POST /filter, /prioritize, /bind (plus /healthz and /readyz for the
+  scheduler's side). Meant to listen on loopback inside the scheduler pod; a caller
+  from any other address is refused unless TLS with client certificates
+  authenticates it (`trusted_peers=None`). Bind binds only what gangshare-scheduler
+  would: a pending, ungated GPU pod of gangshare's scheduler names.
+- `create_ops_app`: GET /healthz, /readyz, /metrics, on its own port for probes and
+  Prometheus; it has no verbs, so exposing it hands out nothing.
 
 A malformed or oversized request gets a 4xx with a JSON error that names what is
-wrong. A request that is well-formed but cannot be served (a pod with a broken
-annotation, an internal failure) is answered with `Error` set, which kube-scheduler
-turns into a FailedScheduling event on the pod; the failure is logged with the pod.
+wrong. A well-formed request that cannot be served is answered with `Error` set,
+which kube-scheduler turns into a FailedScheduling event on the pod.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from gangshare.extender.decisions import (
     pod_ask,
     prioritize_nodes,
 )
+from gangshare.extender.health import Health
 from gangshare.extender.metrics import ExtenderMetrics
 from gangshare.extender.wire import (
     MAX_BODY_BYTES,
@@ -41,6 +49,9 @@ from gangshare.extender.wire import (
 
 log = logging.getLogger("gangshare.extender")
 Model = TypeVar("Model", bound=BaseModel)
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+VERBS = ("filter", "prioritize", "bind")
+DEFAULT_SCHEDULER_NAMES = frozenset({"gangshare-scheduler"})
 
 
 class RequestError(Exception):
@@ -77,28 +88,46 @@ def _pod_name(args: ExtenderArgs) -> str:
 
 
 def create_app(
-    cache: ClusterCache, binder: Binder | None, metrics: ExtenderMetrics, record: Path | None = None
+    cache: ClusterCache,
+    binder: Binder | None,
+    metrics: ExtenderMetrics,
+    record: Path | None = None,
+    trusted_peers: frozenset[str] | None = LOOPBACK,
+    scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
+    health: Health | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="gangshare scheduler extender", docs_url=None, redoc_url=None, openapi_url=None
     )
+    health = health or Health(cache)
 
     if record is not None:
         # Debugging aid (--record): keep the first body of each verb, as kube-scheduler sent it.
-        # Registered only when asked for: HTTP middleware costs every request.
+        # Registered only when asked for: HTTP middleware costs every request. The file name
+        # comes from a fixed list, never from the request, so nothing lands outside `record`.
+        files = {f"/{verb}": record / f"{verb}-request.json" for verb in VERBS}
+
         @app.middleware("http")
         async def keep_first_request(request: Request, call_next: Any) -> Any:
-            if request.method == "POST":
-                target = record / f"{request.url.path.strip('/')}-request.json"
-                if not target.exists():
-                    target.write_bytes(await request.body())
+            target = files.get(request.url.path)
+            if request.method == "POST" and target is not None and not target.exists():
+                target.write_bytes(await request.body())
             return await call_next(request)
 
     @app.exception_handler(RequestError)
     async def rejected(request: Request, err: RequestError) -> JSONResponse:
-        verb = request.url.path.strip("/") or "unknown"
-        metrics.requests.labels(verb, "rejected").inc()
+        verb = request.url.path.strip("/")
+        metrics.requests.labels(verb if verb in VERBS else "unknown", "rejected").inc()
         return JSONResponse({"error": err.message}, status_code=err.status)
+
+    def check_peer(request: Request) -> None:
+        peer = request.client.host if request.client else ""
+        if trusted_peers is not None and peer not in trusted_peers:
+            raise RequestError(
+                403,
+                f"client {peer or 'unknown'}: the extender's verbs answer only kube-scheduler "
+                "on loopback (or over TLS with a client certificate)",
+            )
 
     def answer(verb: str, started: float, payload: Any, result: str = "ok") -> Response:
         metrics.requests.labels(verb, result).inc()
@@ -108,13 +137,14 @@ def create_app(
     @app.post("/filter")
     async def filter_(request: Request) -> Response:
         started = time.perf_counter()
+        check_peer(request)
         args = await read_model(request, ExtenderArgs)
         names = args.node_names()
         try:
-            ask = pod_ask(args.Pod.model_dump())
-            if ask is None:
-                return answer("filter", started, filter_result(args, names, {}, {}))
             with cache.lock:
+                ask = pod_ask(args.Pod.model_dump(), cache.ledger)
+                if ask is None:
+                    return answer("filter", started, filter_result(args, names, {}, {}))
                 passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names, cache.memo)
         except BadPod as err:
             log.warning("filter %s: %s", _pod_name(args), err)
@@ -137,13 +167,14 @@ def create_app(
     @app.post("/prioritize")
     async def prioritize(request: Request) -> Response:
         started = time.perf_counter()
+        check_peer(request)
         args = await read_model(request, ExtenderArgs)
         names = args.node_names()
         try:
-            ask = pod_ask(args.Pod.model_dump())
-            if ask is None:
-                return answer("prioritize", started, priority_list([(n, 0) for n in names]))
             with cache.lock:
+                ask = pod_ask(args.Pod.model_dump(), cache.ledger)
+                if ask is None:
+                    return answer("prioritize", started, priority_list([(n, 0) for n in names]))
                 scores = prioritize_nodes(cache.cluster, ask, names, cache.memo)
         except Exception:
             # Scores are advice: on failure every node scores 0 and filter/bind still decide.
@@ -156,6 +187,7 @@ def create_app(
     @app.post("/bind")
     async def bind(request: Request) -> Response:
         started = time.perf_counter()
+        check_peer(request)
         args = await read_model(request, ExtenderBindingArgs)
         who = f"{args.PodNamespace}/{args.PodName}"
         if binder is None:
@@ -163,7 +195,7 @@ def create_app(
                 "bind", started, {"Error": "binding is disabled in this extender"}, "error"
             )
         try:
-            error = await run_in_threadpool(_bind, cache, binder, args)
+            error = await run_in_threadpool(_bind, cache, binder, args, scheduler_names)
         except Exception as err:
             log.exception("bind %s failed", who)
             error = f"internal error: {err}"
@@ -172,9 +204,26 @@ def create_app(
             log.warning("bind %s to %s: %s", who, args.Node, error)
         return answer("bind", started, {"Error": error}, "error" if error else "ok")
 
+    add_health_routes(app, cache, metrics, health, with_metrics=False)
+    return app
+
+
+def create_ops_app(cache: ClusterCache, metrics: ExtenderMetrics, health: Health) -> FastAPI:
+    """Probes and Prometheus, on a port of their own: nothing here can place a pod."""
+    app = FastAPI(title="gangshare extender (ops)", docs_url=None, redoc_url=None, openapi_url=None)
+    add_health_routes(app, cache, metrics, health, with_metrics=True)
+    return app
+
+
+def add_health_routes(
+    app: FastAPI, cache: ClusterCache, metrics: ExtenderMetrics, health: Health, with_metrics: bool
+) -> None:
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> JSONResponse:
+        problem = health.problem()
+        if problem is None:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": problem}, status_code=503)
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
@@ -182,39 +231,64 @@ def create_app(
             return JSONResponse({"status": "ready", "nodes": len(cache.cluster.nodes)})
         return JSONResponse({"status": "cache not synced yet"}, status_code=503)
 
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        metrics.cache_nodes.set(len(cache.cluster.nodes))
-        metrics.assumed.set(cache.assumed_count())
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    if with_metrics:
 
-    return app
+        @app.get("/metrics")
+        async def metrics_endpoint() -> Response:
+            metrics.cache_nodes.set(len(cache.cluster.nodes))
+            metrics.assumed.set(cache.assumed_count())
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _bind(cache: ClusterCache, binder: Binder, args: ExtenderBindingArgs) -> str:
+def bind_refusal(pod: dict[str, Any], scheduler_names: frozenset[str]) -> str | None:
+    """Why this pod is not gangshare's to bind: only what gangshare-scheduler would bind."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    if spec.get("schedulerName") not in scheduler_names:
+        return f"pod {name} belongs to scheduler {spec.get('schedulerName')!r}, not gangshare's"
+    if spec.get("nodeName"):
+        return f"pod {name} is already bound to {spec['nodeName']}"
+    if spec.get("schedulingGates"):
+        return f"pod {name} still has scheduling gates"
+    if meta.get("deletionTimestamp"):
+        return f"pod {name} is being deleted"
+    return None
+
+
+def _bind(
+    cache: ClusterCache,
+    binder: Binder,
+    args: ExtenderBindingArgs,
+    scheduler_names: frozenset[str],
+) -> str:
     """Pick GPUs, hold them on assumption, record them on the pod, bind. Returns an error or ''."""
     pod = cache.pod(args.PodNamespace, args.PodName)
     if pod is None or (args.PodUID and pod["metadata"].get("uid") != args.PodUID):
-        pod = binder.read_pod(args.PodNamespace, args.PodName)  # the watch has not caught up yet
+        pod = binder.read_pod(args.PodNamespace, args.PodName)  # the watch has not caught up
     if args.PodUID and pod["metadata"].get("uid") != args.PodUID:
         return f"pod {args.PodNamespace}/{args.PodName} was replaced (uid changed); not binding"
-    try:
-        ask = pod_ask(pod)
-    except BadPod as err:
-        return f"pod annotation {err}"
-    if ask is None:
-        gpus: tuple[int, ...] = ()
-    else:
-        with cache.lock:
-            chosen = gpus_for_bind(cache.cluster, ask, args.Node)
-            if isinstance(chosen, str):
-                return chosen
-            gpus = chosen
+    refusal = bind_refusal(pod, scheduler_names)
+    if refusal is not None:
+        return refusal
+    with cache.lock:
+        try:
+            ask = pod_ask(pod, cache.ledger)
+        except BadPod as err:
+            return f"pod annotation {err}"
+        if ask is None:
+            who = f"{args.PodNamespace}/{args.PodName}"
+            return f"pod {who} requests no GPUs; gangshare binds only GPU pods"
+        chosen = gpus_for_bind(cache.cluster, ask, args.Node)
+        if isinstance(chosen, str):
+            return chosen
+        gpus = chosen
+        if not ask.gang:
+            # A gang worker's GPUs are already its job's plan in the ledger; others are assumed.
             cache.assume(ask.owner, args.Node, gpus, ask.request)
     try:
         binder.record_and_bind(pod, args.Node, gpus)
     except BindError as err:
-        if ask is not None:
+        if not ask.gang:
             cache.forget(ask.owner)
         return str(err)
     return ""

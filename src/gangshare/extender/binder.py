@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from gangshare.core.annotations import POD_PLANNED_GPUS, POD_PLANNED_NODE, encode_gpu_indices
 
@@ -30,6 +31,8 @@ class Binder:
             response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
         except ApiException as err:
             raise BindError(f"cannot read pod {namespace}/{name}: {err.reason}") from None
+        except HTTPError as err:  # a timeout or a dropped connection: kube-scheduler retries
+            raise BindError(f"cannot read pod {namespace}/{name}: {err}") from None
         pod: dict[str, Any] = json.loads(response.data)  # type: ignore[attr-defined]
         return pod
 
@@ -54,3 +57,5 @@ class Binder:
             raise BindError(
                 f"binding {namespace}/{name} to {node} failed: {err.status} {err.reason}"
             ) from None
+        except HTTPError as err:
+            raise BindError(f"binding {namespace}/{name} to {node} failed: {err}") from None

@@ -1,8 +1,11 @@
-"""Filter, prioritize and bind decisions for one pod, on the extender's cluster cache (pure).
+"""Filter, prioritize and bind decisions for one pod, on the extender's ledger (pure).
 
-Gang pods (planned by the operator) may go only to their planned node and only
-while their planned GPUs are not held by anyone else. Every other GPU pod goes
-through the core's own filter, score and GPU choice.
+A gang worker (a pod the operator created for an admitted TrainingJob, checked
+against the job itself) may go only to the node its job's status plans, and only
+while the planned GPUs are not held by anyone else. A pod that claims to be a
+worker but has no plan behind it is never placed. Every other GPU pod goes
+through the core's own filter, score and GPU choice; annotations a pod carries
+never reserve anything.
 """
 
 from __future__ import annotations
@@ -10,20 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gangshare.core.annotations import (
-    JOB_LABEL,
-    POD_GPU_MEMORY,
-    POD_PLANNED_GPUS,
-    POD_PLANNED_NODE,
-    AnnotationError,
-    decode_gpu_indices,
-)
+from gangshare.core.annotations import POD_GPU_MEMORY
 from gangshare.core.choose import choose_gpus
 from gangshare.core.cluster import Cluster
 from gangshare.core.fit import filter_worker
 from gangshare.core.job import ServiceClass, TopologyPolicy, WorkerRequest
 from gangshare.core.score import score_worker, to_extender_score
-from gangshare.kube.snapshot import pod_gpu_request
+from gangshare.kube.claims import gpu_request, pod_owner, worker_identity
+from gangshare.kube.ledger import Ledger
 
 NOT_A_GPU_NODE = "no GPUs known to gangshare on this node"
 
@@ -60,19 +57,21 @@ class PodAsk:
     request: WorkerRequest
     planned_node: str | None = None
     planned_gpus: tuple[int, ...] | None = None
+    # The ledger's owner of the plan (job/rank); a planned GPU it holds is this pod's own.
+    holder: str | None = None
+    # A pod that says it is a gang worker, with no plan behind it: why it is not placed.
+    unplanned: str | None = None
 
     @property
     def gang(self) -> bool:
-        return self.planned_node is not None and self.planned_gpus is not None
+        return self.unplanned is not None or (
+            self.planned_node is not None and self.planned_gpus is not None
+        )
 
 
-def pod_owner(namespace: str, name: str) -> str:
-    return f"pod:{namespace}/{name}"
-
-
-def pod_ask(pod: dict[str, Any]) -> PodAsk | None:
+def pod_ask(pod: dict[str, Any], ledger: Ledger) -> PodAsk | None:
     """What a pod asks for; None for a pod that requests no GPUs."""
-    asked = pod_gpu_request(pod)
+    asked = gpu_request(pod)
     if asked is None:
         return None
     meta = pod.get("metadata") or {}
@@ -90,22 +89,22 @@ def pod_ask(pod: dict[str, Any]) -> PodAsk | None:
         island_policy=TopologyPolicy.PREFERRED,
     )
     owner = pod_owner(meta.get("namespace", "default"), meta.get("name", ""))
-    planned_node = annotations.get(POD_PLANNED_NODE)
-    if (
-        planned_node
-        and (meta.get("labels") or {}).get(JOB_LABEL)
-        and POD_PLANNED_GPUS in annotations
-    ):
-        try:
-            gpus = decode_gpu_indices(POD_PLANNED_GPUS, annotations[POD_PLANNED_GPUS])
-        except AnnotationError as err:
-            raise BadPod(str(err)) from None
-        if len(gpus) != count:
-            raise BadPod(
-                f"{POD_PLANNED_GPUS}: plans {len(gpus)} GPU(s) but the pod requests {count}"
-            )
-        return PodAsk(owner, request, planned_node, gpus)
-    return PodAsk(owner, request)
+    who = worker_identity(pod)
+    if who is None:
+        return PodAsk(owner, request)
+    hold = ledger.job(who.job)
+    plan = hold.plan_of(who.rank) if hold is not None else None
+    if hold is None or plan is None or hold.uid != who.uid or hold.attempt != who.attempt:
+        return PodAsk(
+            owner,
+            request,
+            unplanned=f"TrainingJob {who.job} holds no plan for worker {who.rank} "
+            f"of attempt {who.attempt} (yet)",
+        )
+    node, gpus = plan
+    if len(gpus) != count:
+        raise BadPod(f"planned {len(gpus)} GPU(s) for worker {who.rank}, the pod requests {count}")
+    return PodAsk(owner, request, node, gpus, hold.rank_owner(who.rank))
 
 
 def _planned_gpus_problem(cluster: Cluster, ask: PodAsk) -> str | None:
@@ -117,7 +116,7 @@ def _planned_gpus_problem(cluster: Cluster, ask: PodAsk) -> str | None:
         if not gpu.gpu.healthy:
             return f"planned GPU {index} on {node.name} is unhealthy"
         holder = gpu.guaranteed
-        if ask.request.guaranteed and holder is not None and holder.owner != ask.owner:
+        if ask.request.guaranteed and holder is not None and holder.owner != ask.holder:
             return f"planned GPU {index} on {node.name} is held by {holder.worker}"
     return None
 
@@ -130,6 +129,8 @@ def filter_nodes(
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     nodes = cluster.nodes
+    if ask.unplanned is not None:
+        return [], dict.fromkeys(names, ask.unplanned), {}
     if ask.gang:
         planned = ask.planned_node or ""
         elsewhere = f"gang plan places this worker on {planned}"
@@ -191,6 +192,8 @@ def prioritize_nodes(
 
 def gpus_for_bind(cluster: Cluster, ask: PodAsk, node_name: str) -> tuple[int, ...] | str:
     """The GPU indices the pod gets on the node, or the reason it gets none."""
+    if ask.unplanned is not None:
+        return ask.unplanned
     if node_name not in cluster.nodes:
         return f"{node_name}: {NOT_A_GPU_NODE}"
     if ask.gang:

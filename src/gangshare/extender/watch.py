@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -14,8 +15,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.extender.cache import ClusterCache
+from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("gangshare.extender")
+WATCH_SECONDS = 120
+# A read timeout longer than the server-side watch timeout: a stream that stays silent past
+# it is dead, and the watch is re-opened instead of waiting forever.
+WATCH_TIMEOUT = (5.0, WATCH_SECONDS + 30.0)
+LIST_TIMEOUT = (5.0, 120.0)
 
 
 def _events(response: Any) -> Iterator[dict[str, Any]]:
@@ -37,11 +44,25 @@ def _follow(
     replace: Callable[[list[dict[str, Any]]], None],
     apply: Callable[[str, dict[str, Any]], None],
     stop: threading.Event,
+    heard: Callable[[], None],
+    missing_means_empty: bool = False,
 ) -> None:
     while not stop.is_set():
         try:
-            listing = json.loads(list_call(_preload_content=False).data)
+            try:
+                listing = json.loads(
+                    list_call(_preload_content=False, _request_timeout=LIST_TIMEOUT).data
+                )
+            except ApiException as err:
+                if not (missing_means_empty and err.status == 404):
+                    raise
+                # No CRD yet means no TrainingJobs: synced, empty; look again shortly.
+                replace([])
+                heard()
+                stop.wait(2.0)
+                continue
             replace(listing["items"])
+            heard()
             # The cache lives for the process: keep the cyclic GC from rescanning it on every
             # full collection (those pauses are the extender's latency tail).
             gc.collect()
@@ -51,12 +72,15 @@ def _follow(
                 response = list_call(
                     watch=True,
                     resource_version=version,
-                    timeout_seconds=120,
+                    timeout_seconds=WATCH_SECONDS,
                     allow_watch_bookmarks=True,
                     _preload_content=False,
+                    _request_timeout=WATCH_TIMEOUT,
                 )
+                heard()
                 try:
                     for event in _events(response):
+                        heard()
                         kind, obj = event["type"], event["object"]
                         if kind == "ERROR":
                             raise ApiException(
@@ -82,6 +106,7 @@ def start_watches(
     api_client: client.ApiClient, cache: ClusterCache, stop: threading.Event
 ) -> list[threading.Thread]:
     core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
 
     def on_node(kind: str, node: dict[str, Any]) -> None:
         if kind == "DELETED":
@@ -95,19 +120,36 @@ def start_watches(
         else:
             cache.upsert_pod(pod)
 
+    def on_job(kind: str, job: dict[str, Any]) -> None:
+        meta = job["metadata"]
+        if kind == "DELETED":
+            cache.delete_job(meta.get("namespace", ""), meta["name"])
+        else:
+            cache.upsert_job(job)
+
+    jobs = functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+    follows: list[tuple[str, Callable[..., Any], Any, Any, bool]] = [
+        ("nodes", core.list_node, cache.replace_nodes, on_node, False),
+        ("pods", core.list_pod_for_all_namespaces, cache.replace_pods, on_pod, False),
+        # Admitted gangs' plans, so the ledger holds them before their pods exist.
+        ("trainingjobs", jobs, cache.replace_jobs, on_job, True),
+    ]
     threads = [
         threading.Thread(
             target=_follow,
-            args=("nodes", core.list_node, cache.replace_nodes, on_node, stop),
-            name="watch-nodes",
+            args=(
+                name,
+                call,
+                replace,
+                apply,
+                stop,
+                functools.partial(cache.heard_from, name),
+                missing,
+            ),
+            name=f"watch-{name}",
             daemon=True,
-        ),
-        threading.Thread(
-            target=_follow,
-            args=("pods", core.list_pod_for_all_namespaces, cache.replace_pods, on_pod, stop),
-            name="watch-pods",
-            daemon=True,
-        ),
+        )
+        for name, call, replace, apply, missing in follows
     ]
     for thread in threads:
         thread.start()

@@ -7,12 +7,16 @@ so they can land in a Failed condition instead of a crash loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
+from gangshare.core.annotations import is_reserved_key
+from gangshare.core.constraints import UNCONSTRAINED, PodConstraints
 from gangshare.core.job import GangRequest, ServiceClass, Topology, TopologyPolicy, TopologyScope
 from gangshare.core.queueing import QueuedJob
 from gangshare.kube.quantity import QuantityError, to_mib
+from gangshare.kube.scheduling import pod_constraints
 
 GROUP = "gangshare.io"
 VERSION = "v1alpha1"
@@ -22,6 +26,18 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 DEFAULT_SLOWDOWN_TOLERANCE = 0.05
 MAX_NAME_LENGTH = 45
+# The name becomes the workers' headless Service and the stem of their hostnames: a DNS-1035
+# label (lowercase letters, digits, '-', starting with a letter), as Service names must be.
+NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAME_RULE = (
+    "metadata.name: must be a DNS-1035 label (lowercase letters, digits and '-', starting "
+    "with a letter, ending with a letter or digit): it names the workers' Service and hostnames"
+)
+
+
+def worker_pod_name(job: str, rank: int) -> str:
+    """A worker's pod name and hostname; the ledger recognizes workers by it too."""
+    return f"{job}-worker-{rank}"
 
 
 class InvalidSpec(ValueError):
@@ -47,6 +63,8 @@ class TrainingJobSpec:
     ttl_seconds_after_finished: int | None
     slowdown_tolerance: float
     template: dict[str, Any]
+    # What kube-scheduler will check of each worker besides GPUs (from the template).
+    constraints: PodConstraints = field(default=UNCONSTRAINED)
 
     @property
     def key(self) -> str:
@@ -65,6 +83,7 @@ class TrainingJobSpec:
             self.topology,
             self.gpu_memory_mib,
             self.gpu_model,
+            self.constraints,
         )
 
     def queued(self, submitted_at: float, runtime_estimate: float | None = None) -> QueuedJob:
@@ -105,6 +124,8 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
     name = str(meta.get("name", ""))
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidSpec(f"metadata.name: at most {MAX_NAME_LENGTH} characters")
+    if not NAME_PATTERN.match(name):
+        raise InvalidSpec(NAME_RULE)
     service_class = _enum(spec.get("serviceClass"), "spec.serviceClass", ServiceClass, "Guaranteed")
     topo = spec.get("topology") or {}
     topology = Topology(
@@ -124,8 +145,9 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
     containers = (
         (template or {}).get("spec", {}).get("containers") if isinstance(template, dict) else None
     )
-    if not isinstance(containers, list) or not containers:
+    if not isinstance(template, dict) or not isinstance(containers, list) or not containers:
         raise InvalidSpec("spec.template.spec.containers: at least one container is required")
+    _check_template(template)
     tolerance = spec.get("slowdownTolerance", DEFAULT_SLOWDOWN_TOLERANCE)
     if not isinstance(tolerance, int | float) or not 0 <= tolerance <= 1:
         raise InvalidSpec(f"spec.slowdownTolerance: must be between 0 and 1, got {tolerance!r}")
@@ -147,8 +169,28 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         max_retries=_int(spec, "maxRetries", 3, 0, 100) or 0,
         ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", None, 0, 31536000),
         slowdown_tolerance=float(tolerance),
-        template=template if isinstance(template, dict) else {},
+        template=template,
+        constraints=pod_constraints(template["spec"]),
     )
+
+
+def _check_template(template: dict[str, Any]) -> None:
+    """What a template may not say: it must not claim gangshare's own bookkeeping (planned
+    node and GPUs, assignments, job and rank labels) nor pick its node itself."""
+    meta = template.get("metadata") or {}
+    for kind in ("labels", "annotations"):
+        for key in meta.get(kind) or {}:
+            # Only the simulation markers are a tenant's to set, and only as annotations.
+            if is_reserved_key(str(key)) or (kind == "labels" and str(key).startswith(GROUP + "/")):
+                raise InvalidSpec(
+                    f"spec.template.metadata.{kind}: {key} is reserved for gangshare "
+                    "(keys under gangshare.io/ are written by gangshare itself)"
+                )
+    if (template.get("spec") or {}).get("nodeName"):
+        raise InvalidSpec(
+            "spec.template.spec.nodeName: gangshare places every worker; use nodeSelector or "
+            "node affinity to restrict where"
+        )
 
 
 def _missing(field: str) -> int:

@@ -16,7 +16,9 @@ from gangshare.operator.scheduler import SchedulerLoop
 log = logging.getLogger("gangshare.operator")
 
 
-def build_registry(reconciler: Reconciler, loop: SchedulerLoop) -> kopf.OperatorRegistry:
+def build_registry(
+    reconciler: Reconciler, loop: SchedulerLoop, stall_seconds: float = 120.0
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -32,6 +34,17 @@ def build_registry(reconciler: Reconciler, loop: SchedulerLoop) -> kopf.Operator
         settings.execution.max_workers = 8
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # Every other API call kopf makes (patches, events) ends within a minute.
+        settings.networking.request_timeout = 60
+        settings.networking.connect_timeout = 10
+
+    @kopf.on.probe(id="schedulingLoop", registry=registry)
+    def scheduling_loop(**_: Any) -> str:
+        # kopf answers the liveness endpoint with 500 when a probe fails for good.
+        stalled = loop.stalled(stall_seconds)
+        if stalled is not None:
+            raise kopf.PermanentError(stalled)
+        return "passing"
 
     def reconcile_quietly(namespace: str, name: str) -> None:
         try:

@@ -32,17 +32,32 @@ class Invalid(Exception):
     """The API server refused an object as invalid (HTTP 422): retrying cannot help."""
 
 
+# (connect, read) seconds for every API call that does not set its own: a hung API server
+# must turn into an error the caller retries, never a thread that waits forever.
+DEFAULT_TIMEOUT = (5.0, 60.0)
+
+
+class TimeoutApiClient(client.ApiClient):
+    """An ApiClient whose calls time out by default (watches pass a longer read timeout)."""
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = DEFAULT_TIMEOUT
+        return super().call_api(*args, **kwargs)
+
+
 def connect(kubeconfig: str | None) -> client.ApiClient:
+    configuration = client.Configuration()
     if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
         )
-        return api
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return TimeoutApiClient(configuration=configuration)
 
 
 class KubeApi:
@@ -149,12 +164,28 @@ class KubeApi:
             if err.status != 404:
                 raise
 
-    def delete_pod(self, namespace: str, pod: str) -> None:
+    def delete_pod(self, namespace: str, pod: str, force: bool = False) -> None:
+        """Delete a pod; `force` removes it at once, for a pod whose kubelet is gone."""
         try:
-            self.core.delete_namespaced_pod(pod, namespace)
+            if force:
+                self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+            else:
+                self.core.delete_namespaced_pod(pod, namespace)
         except ApiException as err:
             if err.status != 404:
                 raise
+
+    def pod_controller_uid(self, namespace: str, pod: str) -> str | None:
+        """The uid of the pod's controller ("" when it has none); None when there is no pod."""
+        try:
+            response = self.core.read_namespaced_pod(pod, namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        meta = json.loads(response.data).get("metadata") or {}  # type: ignore[attr-defined]
+        refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+        return str(refs[0].get("uid", "")) if refs else ""
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:

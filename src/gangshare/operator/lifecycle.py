@@ -9,58 +9,34 @@ which is what makes a crash at any moment harmless.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gangshare.core.annotations import RANK_LABEL
-from gangshare.core.failures import Failure, FailureClass, RetryPolicy, decide_retry
+from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
+from gangshare.core.failures import DEFAULT_IMAGE_PULL_GRACE_SECONDS, RetryPolicy
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
+from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import condition, iso, set_condition
-from gangshare.operator.manifests import ATTEMPT_LABEL, GANG_GATE, headless_service, worker_pod
-from gangshare.operator.pod_failures import detect_failure, is_deleting
+from gangshare.operator.manifests import GANG_GATE, headless_service, worker_pod
+from gangshare.operator.pod_failures import detect_failure, is_deleting, pull_grace_left
+from gangshare.operator.requeue import Release, handle_failure, release_gang, start_timeout_delay
 
 TERMINAL = ("Succeeded", "Failed")
+__all__ = ["Actions", "Event", "Limits", "Observation", "detect_actions"]
 
 
 @dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str  # CamelCase
-    message: str
+class Limits:
+    """Bounds that keep a job from holding GPUs forever."""
 
-
-@dataclass
-class Actions:
-    status: dict[str, Any] = field(default_factory=dict)
-    create_service: dict[str, Any] | None = None
-    create_pods: list[dict[str, Any]] = field(default_factory=list)
-    lift_gates: list[str] = field(default_factory=list)
-    delete_pods: list[str] = field(default_factory=list)
-    delete_job: bool = False
-    events: list[Event] = field(default_factory=list)
-    # Seconds until the job needs another look (back-off, TTL); None when events will wake it.
-    requeue_after: float | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not (
-            self.status
-            or self.create_service
-            or self.create_pods
-            or self.lift_gates
-            or self.delete_pods
-            or self.delete_job
-            or self.events
-        )
-
-
-@dataclass(frozen=True)
-class Observation:
-    job: dict[str, Any]
-    pods: list[dict[str, Any]]
-    has_service: bool
-    now: float
+    # An admitted gang whose workers are not all bound by then is released and requeued.
+    start_timeout_seconds: float = 120.0
+    # A pod still present this long past its deletion deadline is force-deleted: its node is
+    # gone or dead, and no kubelet will ever confirm the deletion.
+    stuck_pod_seconds: float = 60.0
+    # The kubelet's own image-pull retries get this long before the gang restarts elsewhere.
+    image_pull_grace_seconds: float = DEFAULT_IMAGE_PULL_GRACE_SECONDS
 
 
 def detect_actions(
@@ -68,6 +44,7 @@ def detect_actions(
     scheduler_name: str,
     user_error_retries: int = 0,
     backoff_base_seconds: float = 10.0,
+    limits: Limits = Limits(),
 ) -> Actions:
     status = seen.job.get("status") or {}
     phase = status.get("phase")
@@ -81,15 +58,22 @@ def detect_actions(
     if phase is None:
         return _enqueue(spec, status, seen.now, generation, first=True)
     attempt = int(status.get("attempt", 0))
-    current, stale = _split_pods(seen.pods, attempt)
+    current, stale = _split_pods(seen.pods, attempt, spec.uid)
     actions = Actions(delete_pods=[_name(p) for p in stale if not is_deleting(p)])
+    for pod in [*current.values(), *stale]:
+        left = _until_stuck(pod, seen.now, limits)
+        if left is not None and left <= 0:
+            actions.force_delete_pods.append(_name(pod))
+        elif left is not None:
+            wake(actions, left)
     if phase in ("Admitted", "Running"):
         retry = RetryPolicy(
             max_retries=spec.max_retries,
             user_error_retries=user_error_retries,
             backoff_base_seconds=backoff_base_seconds,
         )
-        _advance_gang(spec, status, current, seen, actions, generation, scheduler_name, retry)
+        gang = _Gang(spec, status, current, seen, generation, limits, retry)
+        _advance_gang(gang, actions, scheduler_name)
     elif phase == "Restarting":
         _finish_restart(spec, status, stale, seen.now, generation, actions)
     elif phase in TERMINAL:
@@ -132,21 +116,34 @@ def _enqueue(
     return Actions(status=patch, events=[event])
 
 
-def _advance_gang(
-    spec: TrainingJobSpec,
-    status: dict[str, Any],
-    current: dict[int, dict[str, Any]],
-    seen: Observation,
-    actions: Actions,
-    gen: int,
-    scheduler_name: str,
-    retry: RetryPolicy,
-) -> None:
+@dataclass(frozen=True)
+class _Gang:
+    spec: TrainingJobSpec
+    status: dict[str, Any]
+    current: dict[int, dict[str, Any]]
+    seen: Observation
+    gen: int
+    limits: Limits
+    retry: RetryPolicy
+
+
+def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
+    spec, status, current, seen, gen = gang.spec, gang.status, gang.current, gang.seen, gang.gen
     created = _is_true(status, "GangScheduled")
-    failure = detect_failure(spec.workers, current, created, seen.now)
+    failure = detect_failure(
+        spec.workers, current, created, seen.now, gang.limits.image_pull_grace_seconds
+    )
     if failure is not None:
-        _handle_failure(spec, status, current, failure, seen.now, gen, actions, retry)
+        handle_failure(status, current, failure, seen.now, gen, actions, gang.retry)
         return
+    pulling = pull_grace_left(current, seen.now, gang.limits.image_pull_grace_seconds)
+    if pulling is not None:
+        wake(actions, pulling)
+    if status.get("phase") == "Admitted" and not _all_bound(current, spec.workers):
+        release = _release(gang, actions)
+        if release is not None:
+            release_gang(status, current, release, seen.now, gen, actions)
+            return
     placement = {int(w["rank"]): w for w in status.get("placement") or []}
     if not created:
         if not seen.has_service:
@@ -203,6 +200,7 @@ def _advance_gang(
             {
                 "phase": "Running",
                 "startedAt": iso(seen.now),
+                "startFailures": 0,
                 "message": message,
                 "conditions": set_condition(
                     status.get("conditions"),
@@ -218,72 +216,49 @@ def _advance_gang(
         actions.events.append(Event("Normal", "Running", message))
 
 
-def _handle_failure(
-    spec: TrainingJobSpec,
-    status: dict[str, Any],
-    current: dict[int, dict[str, Any]],
-    failure: Failure,
-    now: float,
-    gen: int,
-    actions: Actions,
-    retry: RetryPolicy,
-) -> None:
-    restarts = int(status.get("restarts", 0))
-    user_failures = int(status.get("userFailures", 0)) + (
-        failure.failure_class is FailureClass.USER
-    )
-    decision = decide_retry(failure, restarts, user_failures, retry)
-    last = {
-        "reason": failure.reason,
-        "class": failure.failure_class.value,
-        "message": failure.message,
-        "time": iso(now),
-    }
-    actions.delete_pods += [_name(p) for p in current.values() if not is_deleting(p)]
-    conditions = set_condition(
-        status.get("conditions"), "Running", False, failure.reason, failure.message, now, gen
-    )
-    conditions = set_condition(
-        conditions, "GangScheduled", False, failure.reason, failure.message, now, gen
-    )
-    if decision.retry:
-        conditions = set_condition(
-            conditions, "Admitted", False, "Restarting", decision.reason, now, gen
+def _release(gang: _Gang, actions: Actions) -> Release | None:
+    """Why an admitted gang whose workers are not all bound must give its GPUs back, if so."""
+    status, seen = gang.status, gang.seen
+    attempt = int(status.get("attempt", 0))
+    if seen.displaced is not None and seen.displaced.attempt == attempt:
+        return Release(
+            "GangDisplaced",
+            f"the gang's plan broke before it started ({seen.displaced.reason}); "
+            "requeued, keeping its place in the queue",
         )
-        actions.status.update(
-            {
-                "phase": "Restarting",
-                "attempt": int(status.get("attempt", 0)) + 1,
-                "restarts": restarts + 1,
-                "userFailures": user_failures,
-                "nextRetryAt": iso(now + decision.delay_seconds),
-                "placement": None,
-                "startedAt": None,
-                "lastFailure": last,
-                "message": decision.reason,
-                "conditions": conditions,
-            }
-        )
-        actions.events.append(
-            Event("Warning", "GangRestarting", f"{failure.reason}: {decision.reason}")
-        )
-        actions.requeue_after = decision.delay_seconds
-        return
-    conditions = set_condition(
-        conditions, "Failed", True, failure.reason, decision.reason, now, gen
+    admitted = parse_time(status.get("admittedAt"))
+    if admitted is None:
+        return None
+    deadline = admitted + gang.limits.start_timeout_seconds
+    if seen.now < deadline:
+        wake(actions, deadline - seen.now)
+        return None
+    delay = start_timeout_delay(status, gang.retry.backoff_base_seconds)
+    return Release(
+        "GangStartTimeout",
+        f"workers not all bound {gang.limits.start_timeout_seconds:.0f}s after admission "
+        f"({_unbound_reason(gang.current, gang.spec.workers)}); GPUs released, "
+        f"requeued in {delay:.0f}s",
+        delay,
+        timed_out=True,
     )
-    actions.status.update(
-        {
-            "phase": "Failed",
-            "completedAt": iso(now),
-            "userFailures": user_failures,
-            "placement": None,
-            "lastFailure": last,
-            "message": decision.reason,
-            "conditions": conditions,
-        }
-    )
-    actions.events.append(Event("Warning", "Failed", f"{failure.reason}: {decision.reason}"))
+
+
+def _unbound_reason(current: dict[int, dict[str, Any]], workers: int) -> str:
+    """What kube-scheduler said about the first worker that is not bound."""
+    for rank in range(workers):
+        pod = current.get(rank)
+        if pod is None:
+            return f"worker {rank} was never created"
+        if (pod.get("spec") or {}).get("nodeName"):
+            continue
+        if _gated(pod):
+            return f"worker {rank} is still gated"
+        scheduled = condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
+        if scheduled and scheduled.get("message"):
+            return f"worker {rank}: {scheduled['message']}"
+        return f"worker {rank} is not bound yet"
+    return "every worker is bound"
 
 
 def _finish_restart(
@@ -298,7 +273,7 @@ def _finish_restart(
         return  # old workers are still going away; their deletion events wake us
     due = parse_time(status.get("nextRetryAt")) or now
     if now < due:
-        actions.requeue_after = due - now
+        wake(actions, due - now)
         return
     queued = _enqueue(spec, status, now, gen, first=False)
     actions.status.update(queued.status)
@@ -323,7 +298,7 @@ def _after_finish(
         if now >= done + ttl:
             actions.delete_job = True
         else:
-            actions.requeue_after = done + ttl - now
+            wake(actions, done + ttl - now)
 
 
 def _fail_invalid(status: dict[str, Any], message: str, now: float, gen: int) -> Actions:
@@ -370,12 +345,41 @@ def _is_true(status: dict[str, Any], kind: str) -> bool:
     return bool(found and found.get("status") == "True")
 
 
+def _all_bound(current: dict[int, dict[str, Any]], workers: int) -> bool:
+    return len(current) == workers and all(
+        (p.get("spec") or {}).get("nodeName") for p in current.values()
+    )
+
+
+def _until_stuck(pod: dict[str, Any], now: float, limits: Limits) -> float | None:
+    """Seconds until a deleting pod counts as stuck (<= 0: it is); None if not deleting."""
+    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return None if deadline is None else deadline + limits.stuck_pod_seconds - now
+
+
+def wake(actions: Actions, seconds: float) -> None:
+    """Ask for another look in `seconds` (the earliest of all such asks wins)."""
+    if actions.requeue_after is None or seconds < actions.requeue_after:
+        actions.requeue_after = max(0.0, seconds)
+
+
+def _owned_by(pod: dict[str, Any], uid: str) -> bool:
+    return any(
+        ref.get("controller") and ref.get("uid") == uid
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
+    )
+
+
 def _split_pods(
-    pods: list[dict[str, Any]], attempt: int
+    pods: list[dict[str, Any]], attempt: int, uid: str
 ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+    """This attempt's workers by rank, and the job's older pods; pods the job does not control
+    (whatever their labels say) are neither: the operator never acts on them."""
     current: dict[int, dict[str, Any]] = {}
     stale: list[dict[str, Any]] = []
     for pod in pods:
+        if not _owned_by(pod, uid):
+            continue
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if labels.get(ATTEMPT_LABEL) == str(attempt) and str(labels.get(RANK_LABEL, "")).isdigit():
             current[int(labels[RANK_LABEL])] = pod

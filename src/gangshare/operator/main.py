@@ -53,6 +53,38 @@ def add_operator_command(commands: Any) -> None:
         metavar="QUEUE=GPUS",
         help="guaranteed GPU quota of a queue (repeatable)",
     )
+    op.add_argument(
+        "--max-priority",
+        action="append",
+        default=[],
+        metavar="QUEUE=PRIORITY",
+        help="highest spec.priority a queue accepts; '*' for every queue not named (repeatable)",
+    )
+    op.add_argument(
+        "--start-timeout",
+        type=float,
+        default=float(env("GANGSHARE_START_TIMEOUT", "120")),
+        help="seconds an admitted gang may take to have every worker bound before its GPUs "
+        "are released and it is requeued",
+    )
+    op.add_argument(
+        "--stuck-pod-seconds",
+        type=float,
+        default=60.0,
+        help="a pod this long past its deletion deadline is force-deleted (its node is dead)",
+    )
+    op.add_argument(
+        "--image-pull-grace",
+        type=float,
+        default=300.0,
+        help="seconds the kubelet may retry a failing image pull before the gang restarts",
+    )
+    op.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=120.0,
+        help="liveness fails when no scheduling pass has finished for this long",
+    )
     op.add_argument("--user-error-retries", type=int, default=0)
     op.add_argument(
         "--backoff-base-seconds",
@@ -74,11 +106,27 @@ def parse_quotas(values: list[str]) -> dict[str, int]:
     return quotas
 
 
+def parse_priority_limits(values: list[str]) -> dict[str, int]:
+    limits = {}
+    for value in values:
+        queue, _, amount = value.partition("=")
+        try:
+            limits[queue] = int(amount)
+        except ValueError:
+            queue = ""
+        if not queue:
+            raise SystemExit(
+                f"error: --max-priority {value!r}: expected QUEUE=PRIORITY, e.g. research=100"
+            )
+    return limits
+
+
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from gangshare.operator.handlers import build_registry
     from gangshare.operator.kubeapi import KubeApi, connect
+    from gangshare.operator.lifecycle import Limits
     from gangshare.operator.reconcile import OperatorOptions, Reconciler
     from gangshare.operator.scheduler import SchedulerLoop
 
@@ -94,6 +142,7 @@ def run_operator(args: argparse.Namespace) -> int:
         fair_share=args.fair_share,
         backfill=args.backfill,
         quotas=parse_quotas(args.quota),
+        max_priority=parse_priority_limits(args.max_priority),
     )
     api = KubeApi(connect(args.kubeconfig))
     clock = WallClock()
@@ -101,7 +150,7 @@ def run_operator(args: argparse.Namespace) -> int:
         scheduler_name=args.scheduler_name,
         user_error_retries=args.user_error_retries,
         backoff_base_seconds=args.backoff_base_seconds,
-        pod_create_delay=float(os.environ.get("GANGSHARE_FAULT_POD_CREATE_DELAY", "0") or 0),
+        limits=Limits(args.start_timeout, args.stuck_pod_seconds, args.image_pull_grace),
     )
     reconciler = Reconciler(api, clock, options)
     loop = SchedulerLoop(api, reconciler, policy, clock, args.cycle_interval)
@@ -109,7 +158,7 @@ def run_operator(args: argparse.Namespace) -> int:
     thread.start()
     try:
         kopf.run(
-            registry=build_registry(reconciler, loop),
+            registry=build_registry(reconciler, loop, args.stall_seconds),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=args.liveness,

@@ -2,8 +2,9 @@
 
 Each pod is created behind a scheduling gate with its planned node and GPUs
 recorded on it; the operator lifts every gate only once the whole gang exists.
-A nodeSelector on the planned node makes the plan binding even for a
-kube-scheduler profile without gangshare's extender.
+Required node affinity on the planned node's name (metadata.name, not the
+hostname label, which clouds may set differently) makes the plan binding even
+for a kube-scheduler profile without gangshare's extender.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import copy
 from typing import Any
 
 from gangshare.core.annotations import (
+    ATTEMPT_LABEL,
     CLASS_LABEL,
     GPU_RESOURCE,
     JOB_LABEL,
@@ -23,17 +25,15 @@ from gangshare.core.annotations import (
     encode_gpu_indices,
 )
 from gangshare.core.job import ServiceClass
-from gangshare.kube.trainingjob import API_VERSION, KIND, TrainingJobSpec
+from gangshare.kube.trainingjob import API_VERSION, KIND, TrainingJobSpec, worker_pod_name
 
 GANG_GATE = "gangshare.io/gang"
-ATTEMPT_LABEL = "gangshare.io/attempt"
 SCHEDULER_NAME = "gangshare-scheduler"
 MASTER_PORT = 29500
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def pod_name(job: TrainingJobSpec, rank: int) -> str:
-    return f"{job.name}-worker-{rank}"
+    return worker_pod_name(job.name, rank)
 
 
 def owner_reference(job: TrainingJobSpec) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def worker_pod(
     spec["subdomain"] = job.name
     # A gang restarts as a whole; a container restarting in place would hide the failure.
     spec["restartPolicy"] = "Never"
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), HOSTNAME_LABEL: node}
+    spec["affinity"] = pin_to_node(spec.get("affinity"), node)
     resource = GPU_RESOURCE if job.service_class is ServiceClass.GUARANTEED else SHARE_RESOURCE
     env = rendezvous_env(job, rank)
     for position, container in enumerate(spec["containers"]):
@@ -129,6 +129,19 @@ def worker_pod(
         },
         "spec": spec,
     }
+
+
+def pin_to_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    """The template's affinity with the planned node ANDed into every required term."""
+    affinity = copy.deepcopy(affinity or {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), pin]
+    required["nodeSelectorTerms"] = terms
+    return affinity
 
 
 def headless_service(job: TrainingJobSpec) -> dict[str, Any]:

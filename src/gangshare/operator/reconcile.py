@@ -4,21 +4,24 @@ Order matters for crash safety: pods are created and their gates lifted before
 the status says GangScheduled (else a crash could leave a gang gated forever);
 a restart or failure is written to status before its pods are deleted (else a
 crash would make the deletion look like a second, infrastructure failure).
+Anything the API server refuses for good (422 on the Service or a pod built from
+the user's template, a worker name taken by a pod the job does not own) ends the
+job with the reason; it never becomes a reconcile that fails forever.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gangshare.core.clock import Clock
+from gangshare.operator.actions import Actions, Displacement, Observation
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
-from gangshare.operator.lifecycle import Actions, Observation, detect_actions
+from gangshare.operator.lifecycle import Limits, detect_actions
 
 log = logging.getLogger("gangshare.operator")
 MAX_PASSES = 4
@@ -29,8 +32,16 @@ class OperatorOptions:
     scheduler_name: str = "gangshare-scheduler"
     user_error_retries: int = 0
     backoff_base_seconds: float = 10.0
-    # Fault injection for crash tests: seconds to sleep after each pod creation.
-    pod_create_delay: float = 0.0
+    limits: Limits = field(default_factory=Limits)
+
+
+class Refused(Exception):
+    """Something the job asks for can never be created; the job ends with this reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
 
 
 class Reconciler:
@@ -39,56 +50,82 @@ class Reconciler:
         self.clock = clock
         self.options = options
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        # job key -> when it asked to be looked at again (time-driven steps no event announces)
+        self._wake_at: dict[str, float] = {}
+        self._wake_lock = threading.Lock()
 
-    def reconcile(self, namespace: str, name: str) -> float | None:
+    def due(self, now: float) -> list[str]:
+        """Jobs whose requested wake-up time has come."""
+        with self._wake_lock:
+            return [key for key, at in self._wake_at.items() if at <= now]
+
+    def reconcile(
+        self, namespace: str, name: str, displaced: Displacement | None = None
+    ) -> float | None:
         """Bring one job a step closer to done; returns seconds until it wants another look."""
-        with self._locks[f"{namespace}/{name}"]:
-            requeue: float | None = None
-            for _ in range(MAX_PASSES):
-                job = self.api.get_job(namespace, name)
-                if job is None or job["metadata"].get("deletionTimestamp"):
-                    return None
-                seen = Observation(
-                    job,
-                    self.api.list_job_pods(namespace, name),
-                    self.api.has_service(namespace, name),
-                    self.clock.now(),
-                )
-                actions = detect_actions(
-                    seen, self.options.scheduler_name, self.options.user_error_retries
-                )
-                if actions.empty:
-                    return actions.requeue_after
-                try:
-                    self.process(job, actions)
-                except Conflict:
-                    continue  # someone wrote the job meanwhile: decide again from a fresh read
-                requeue = actions.requeue_after
-                if not (actions.create_pods or actions.create_service or actions.lift_gates):
-                    return requeue
-            return requeue
+        key = f"{namespace}/{name}"
+        with self._locks[key]:
+            requeue = self._reconcile(namespace, name, displaced)
+        with self._wake_lock:
+            if requeue is None:
+                self._wake_at.pop(key, None)
+            else:
+                self._wake_at[key] = self.clock.now() + requeue
+        return requeue
+
+    def _reconcile(self, namespace: str, name: str, displaced: Displacement | None) -> float | None:
+        requeue: float | None = None
+        for _ in range(MAX_PASSES):
+            job = self.api.get_job(namespace, name)
+            if job is None or job["metadata"].get("deletionTimestamp"):
+                return None
+            seen = Observation(
+                job,
+                self.api.list_job_pods(namespace, name),
+                self.api.has_service(namespace, name),
+                self.clock.now(),
+                displaced,
+            )
+            actions = detect_actions(
+                seen,
+                self.options.scheduler_name,
+                self.options.user_error_retries,
+                self.options.backoff_base_seconds,
+                self.options.limits,
+            )
+            if actions.empty:
+                return actions.requeue_after
+            try:
+                self.process(job, actions)
+            except Conflict:
+                continue  # someone wrote the job meanwhile: decide again from a fresh read
+            requeue = actions.requeue_after
+            if not (actions.create_pods or actions.create_service or actions.lift_gates):
+                return requeue
+        return requeue
 
     def process(self, job: dict[str, Any], actions: Actions) -> None:
         meta = job["metadata"]
         namespace = meta["namespace"]
-        if actions.create_service is not None:
-            self.api.create("Service", namespace, actions.create_service)
-        for pod in actions.create_pods:
-            try:
-                self.api.create("Pod", namespace, pod)
-            except Invalid as err:
-                self._fail_invalid_template(
-                    job, str(err), [p["metadata"]["name"] for p in actions.create_pods]
-                )
-                return
-            if self.options.pod_create_delay:
-                time.sleep(self.options.pod_create_delay)
+        try:
+            self._create(job, actions)
+        except Refused as refused:
+            self._fail_refused(job, refused, [p["metadata"]["name"] for p in actions.create_pods])
+            return
         for pod_name in actions.lift_gates:
             self.api.lift_gate(namespace, pod_name)
         if actions.status:
             self.api.patch_job_status(job, actions.status)
         for pod_name in actions.delete_pods:
             self.api.delete_pod(namespace, pod_name)
+        for pod_name in actions.force_delete_pods:
+            self.api.delete_pod(namespace, pod_name, force=True)
+            log.warning(
+                "%s/%s: pod %s was stuck terminating past its deadline; force-deleted",
+                namespace,
+                meta["name"],
+                pod_name,
+            )
         for event in actions.events:
             self.api.post_event(job, event.type, event.reason, event.message, action="Reconcile")
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
@@ -96,29 +133,60 @@ class Reconciler:
             self.api.delete_job(namespace, meta["name"])
             log.info("%s/%s deleted: ttlSecondsAfterFinished elapsed", namespace, meta["name"])
 
-    def _fail_invalid_template(self, job: dict[str, Any], message: str, pods: list[str]) -> None:
+    def _create(self, job: dict[str, Any], actions: Actions) -> None:
+        namespace, uid = job["metadata"]["namespace"], job["metadata"].get("uid")
+        if actions.create_service is not None:
+            try:
+                self.api.create("Service", namespace, actions.create_service)
+            except Invalid as err:
+                raise Refused(
+                    "InvalidSpec", f"metadata.name: the workers' Service was refused: {err}"
+                ) from None
+        for pod in actions.create_pods:
+            name = pod["metadata"]["name"]
+            try:
+                created = self.api.create("Pod", namespace, pod)
+            except Invalid as err:
+                raise Refused(
+                    "InvalidPodTemplate", f"spec.template: the worker pod was refused: {err}"
+                ) from None
+            if not created and self.api.pod_controller_uid(namespace, name) not in (uid, None):
+                raise Refused(
+                    "WorkerNameTaken",
+                    f"pod {name} already exists and is not this job's: a worker's name "
+                    "must be free (delete that pod, or rename the job)",
+                )
+
+    def _fail_refused(self, job: dict[str, Any], refused: Refused, pods: list[str]) -> None:
         now = self.clock.now()
         status = job.get("status") or {}
         gen = int(job["metadata"].get("generation", 0))
-        text = f"spec.template: the worker pod was refused: {message}"
         self.api.patch_job_status(
             job,
             {
                 "phase": "Failed",
                 "completedAt": iso(now),
                 "placement": None,
-                "message": text,
+                "message": refused.message,
                 "lastFailure": {
-                    "reason": "InvalidPodTemplate",
+                    "reason": refused.reason,
                     "class": "User",
-                    "message": text,
+                    "message": refused.message,
                     "time": iso(now),
                 },
                 "conditions": set_condition(
-                    status.get("conditions"), "Failed", True, "InvalidPodTemplate", text, now, gen
+                    status.get("conditions"),
+                    "Failed",
+                    True,
+                    refused.reason,
+                    refused.message,
+                    now,
+                    gen,
                 ),
             },
         )
+        uid = job["metadata"].get("uid")
         for pod in pods:
-            self.api.delete_pod(job["metadata"]["namespace"], pod)
-        self.api.post_event(job, "Warning", "InvalidPodTemplate", text, action="CreateWorkers")
+            if self.api.pod_controller_uid(job["metadata"]["namespace"], pod) == uid:
+                self.api.delete_pod(job["metadata"]["namespace"], pod)
+        self.api.post_event(job, "Warning", refused.reason, refused.message, action="CreateWorkers")

@@ -15,17 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangshare.core.clock import Clock
-from gangshare.core.cycle import Admission, Pending, schedule_cycle
+from gangshare.core.cycle import Admission, Pending, PendingKind, schedule_cycle
 from gangshare.core.estimate import RuntimeEstimator
 from gangshare.core.queueing import QueuedJob, QueuePolicy
 from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
-from gangshare.operator.conditions import iso, set_condition
+from gangshare.operator.actions import Displacement
+from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.kubeapi import Conflict, KubeApi
 from gangshare.operator.reconcile import Reconciler
 
 log = logging.getLogger("gangshare.operator")
 FULL_RESYNC_SECONDS = 30.0
+# Liveness fails when no scheduling pass has finished for this long (a hung loop).
+DEFAULT_STALL_SECONDS = 120.0
 
 
 @dataclass
@@ -56,6 +59,8 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._last_full_resync = 0.0
         self._warned: set[str] = set()
+        # Monotonic time the last pass ended (well or with an error): the loop's heartbeat.
+        self.last_pass_end = time.monotonic()
 
     def poke(self) -> None:
         self._wake.set()
@@ -70,8 +75,16 @@ class SchedulerLoop:
                 self.run_once()
             except Exception:  # one bad pass must not stop scheduling; the next pass starts fresh
                 log.exception("scheduling pass failed; retrying")
+            self.last_pass_end = time.monotonic()
             self._wake.wait(self.interval)
             self._wake.clear()
+
+    def stalled(self, limit: float = DEFAULT_STALL_SECONDS) -> str | None:
+        """Why the loop counts as stuck (for liveness), or None while it keeps passing."""
+        quiet = time.monotonic() - self.last_pass_end
+        if quiet > limit:
+            return f"no scheduling pass has finished for {quiet:.0f}s (limit {limit:.0f}s)"
+        return None
 
     # ----- one pass ------------------------------------------------------------------
 
@@ -100,13 +113,26 @@ class SchedulerLoop:
         for key in report.admitted:
             namespace, name = key.split("/", 1)
             self._reconcile_quietly(namespace, name)
+        self._release_displaced(snapshot.displaced, by_key)
         self._resync(jobs, now)
         return report
 
-    def _reconcile_quietly(self, namespace: str, name: str) -> None:
+    def _release_displaced(self, displaced: dict[str, str], by_key: dict[str, Any]) -> None:
+        """Gangs whose plan broke before they started give their GPUs back and requeue."""
+        for key, reason in displaced.items():
+            job = by_key.get(key)
+            if job is None or (job.get("status") or {}).get("phase") != "Admitted":
+                continue
+            attempt = int((job.get("status") or {}).get("attempt", 0))
+            namespace, name = key.split("/", 1)
+            self._reconcile_quietly(namespace, name, Displacement(attempt, reason))
+
+    def _reconcile_quietly(
+        self, namespace: str, name: str, displaced: Displacement | None = None
+    ) -> None:
         # The admission is already committed; its pods follow on the next event or resync.
         try:
-            self.reconciler.reconcile(namespace, name)
+            self.reconciler.reconcile(namespace, name, displaced)
         except Exception:
             log.exception("reconcile of %s/%s failed; will retry", namespace, name)
 
@@ -121,6 +147,8 @@ class SchedulerLoop:
         status = job.get("status") or {}
         if status.get("phase") != "Queued":
             return None
+        if (parse_time(status.get("nextRetryAt")) or 0.0) > self.clock.now():
+            return None  # backing off after a release; it rejoins the queue when due
         try:
             spec = parse_trainingjob(job)
         except InvalidSpec:
@@ -151,8 +179,12 @@ class SchedulerLoop:
             ],
             "message": message,
             "observedGeneration": gen,
-            "conditions": set_condition(
-                status.get("conditions"), "Admitted", True, "GangAdmitted", message, now, gen
+            "conditions": _clear_inadmissible(
+                set_condition(
+                    status.get("conditions"), "Admitted", True, "GangAdmitted", message, now, gen
+                ),
+                now,
+                gen,
             ),
         }
         try:
@@ -177,14 +209,20 @@ class SchedulerLoop:
             now,
             gen,
         )
+        if waiting.kind is PendingKind.INADMISSIBLE:
+            # Waiting cannot help: said once, re-judged every pass as nodes and policy change.
+            conditions = set_condition(
+                conditions, "Inadmissible", True, "CannotFit", waiting.reason, now, gen
+            )
+        else:
+            conditions = _clear_inadmissible(conditions, now, gen)
         try:
             self.api.patch_job_status(job, {"message": waiting.reason, "conditions": conditions})
         except Conflict:
             return
-        if waiting.kind.value != "WaitingInQueue":
-            self.api.post_event(
-                job, "Normal", waiting.kind.value, waiting.reason, action="Schedule"
-            )
+        if waiting.kind is not PendingKind.BEHIND:
+            kind = "Warning" if waiting.kind is PendingKind.INADMISSIBLE else "Normal"
+            self.api.post_event(job, kind, waiting.kind.value, waiting.reason, action="Schedule")
 
     def _learn_run_times(self, jobs: list[dict[str, Any]]) -> None:
         for job in jobs:
@@ -215,3 +253,17 @@ class SchedulerLoop:
                 due = due or (parse_time(status.get("completedAt")) or now) + ttl <= now
             if due or (full and phase not in ("Succeeded", "Failed")):
                 self._reconcile_quietly(job["metadata"]["namespace"], job["metadata"]["name"])
+        for key in self.reconciler.due(now):
+            namespace, name = key.split("/", 1)
+            self._reconcile_quietly(namespace, name)
+
+
+def _clear_inadmissible(
+    conditions: list[dict[str, Any]], now: float, gen: int
+) -> list[dict[str, Any]]:
+    found = condition(conditions, "Inadmissible")
+    if found is None or found.get("status") != "True":
+        return conditions
+    return set_condition(
+        conditions, "Inadmissible", False, "CanFit", "the job can fit the cluster", now, gen
+    )

@@ -6,6 +6,11 @@ applies each admitted plan to the cluster itself. The counts it takes as keyword
 arguments (free GPUs, quota usage, free share slots) are what the engine tracks
 as it goes; left out, they are recomputed from the cluster and the running jobs
 (the tests compare both against `schedule_cycle` on every pending job).
+
+Precondition: every pending job can run at all. The cycle marks a job that never
+can (`never_fits`, `policy_refusal`) Inadmissible and lets its lane go on past it;
+the engine rejects such jobs on arrival with the same two functions, so the index
+may stop a lane at the first job that certainly blocks.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from gangshare.core import ServiceClass
 from gangshare.core.clock import ManualClock
 from gangshare.core.cycle import Admission
 from gangshare.core.estimate import RuntimeEstimator
-from gangshare.core.gang import GangPlan, plan_gang
-from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
+from gangshare.core.gang import never_fits
+from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, policy_refusal
 from gangshare.sim.clusters import SimCluster
 from gangshare.sim.colocation import ColocationModel
 from gangshare.sim.decide import decide
@@ -133,16 +133,16 @@ class Simulation:
         self.wall_seconds = 0.0
 
     def _feasible(self, spec: JobSpec) -> bool:
-        """Could the job run at all: placeable on the empty cluster, within its queue's quota."""
+        """Could the job run at all: what the core's cycle marks Inadmissible never is pending
+        here, so the pending index may assume every job it holds can run (see decide.py)."""
         gang = spec.gang
-        quota = self.queue_policy.quotas.get(spec.trace.queue)
-        guaranteed = gang.service_class is ServiceClass.GUARANTEED
-        if guaranteed and quota is not None and gang.total_gpus > quota:
+        queued = QueuedJob(spec.key, gang, spec.trace.submit, spec.trace.queue, spec.priority)
+        if policy_refusal(self.queue_policy, queued) is not None:
             return False
         shape: tuple[object, ...] = (gang.service_class, gang.workers, gang.gpus_per_worker)
         shape += (gang.gpu_model, gang.gpu_memory_mib, gang.topology)
         if shape not in self._shapes:
-            self._shapes[shape] = isinstance(plan_gang(self.cluster, gang), GangPlan)
+            self._shapes[shape] = never_fits(self.cluster, gang) is None
         return self._shapes[shape]
 
     # ----- the loop ------------------------------------------------------------------------

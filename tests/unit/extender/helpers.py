@@ -38,6 +38,7 @@ def gpu_pod(
             "labels": dict(labels or {}),
         },
         "spec": {
+            "schedulerName": "gangshare-scheduler",
             "nodeName": node,
             "containers": [{"name": "t", "resources": {"limits": {resource: str(gpus)}}}],
         },
@@ -49,7 +50,62 @@ def cache_with(spec: dict[str, Any], pods: list[dict[str, Any]] = ()) -> Cluster
     cache = ClusterCache(ManualClock(1000.0), assume_ttl=30)
     cache.replace_nodes(node_objects(spec))
     cache.replace_pods(list(pods))
+    cache.replace_jobs([])
     return cache
+
+
+def trainingjob(
+    name: str,
+    placement: list[tuple[str, list[int]]],
+    attempt: int = 0,
+    phase: str = "Admitted",
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """An admitted TrainingJob as the API server returns it: rank i is placed at placement[i]."""
+    return {
+        "apiVersion": "gangshare.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {
+            "workers": len(placement),
+            "gpusPerWorker": len(placement[0][1]),
+            "template": {"spec": {"containers": [{"name": "t", "image": "t:1"}]}},
+        },
+        "status": {
+            "phase": phase,
+            "attempt": attempt,
+            "placement": [
+                {"rank": rank, "node": node, "gpus": gpus}
+                for rank, (node, gpus) in enumerate(placement)
+            ],
+        },
+    }
+
+
+def worker(
+    job: str, rank: int, gpus: int, node: str | None = None, attempt: int = 0, uid: str = ""
+) -> dict[str, Any]:
+    """A worker pod as the operator creates it: named, labelled, controlled by the job's uid."""
+    pod = gpu_pod(
+        f"{job}-worker-{rank}",
+        gpus,
+        node=node,
+        labels={
+            "gangshare.io/job": job,
+            "gangshare.io/rank": str(rank),
+            "gangshare.io/attempt": str(attempt),
+        },
+    )
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "gangshare.io/v1alpha1",
+            "kind": "TrainingJob",
+            "name": job,
+            "uid": uid or f"uid-{job}",
+            "controller": True,
+        }
+    ]
+    return pod
 
 
 class FakeBinder:

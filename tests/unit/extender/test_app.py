@@ -6,8 +6,9 @@ from fastapi.testclient import TestClient
 from helpers import FakeBinder, cache_with, gpu_pod, recorded
 
 from gangshare.core.clock import ManualClock
-from gangshare.extender.app import create_app
+from gangshare.extender.app import create_app, create_ops_app
 from gangshare.extender.cache import ClusterCache
+from gangshare.extender.health import Health
 from gangshare.extender.metrics import ExtenderMetrics
 from gangshare.extender.wire import MAX_BODY_BYTES
 
@@ -23,9 +24,11 @@ H100 = {
 }
 
 
-def client_for(cache, pods=None):
+def client_for(cache, pods=None, peer="127.0.0.1"):
+    """A client that calls from `peer`, as kube-scheduler beside the extender does (loopback)."""
     binder = FakeBinder(pods or {})
-    return TestClient(create_app(cache, binder, ExtenderMetrics())), binder  # type: ignore[arg-type]
+    app = create_app(cache, binder, ExtenderMetrics())  # type: ignore[arg-type]
+    return TestClient(app, client=(peer, 50000)), binder
 
 
 def test_recorded_filter_prioritize_and_bind_round_trip():
@@ -141,17 +144,91 @@ def test_a_pod_with_a_broken_annotation_is_answered_with_error_not_a_crash():
 
 def test_readiness_waits_for_the_cache_and_metrics_are_exported():
     cold = ClusterCache(ManualClock())
-    client, _ = client_for(cold)
+    metrics = ExtenderMetrics()
+    client = TestClient(create_app(cold, None, metrics), client=("127.0.0.1", 1))
+    ops = TestClient(create_ops_app(cold, metrics, Health(cold)), client=("10.0.0.9", 1))
     assert client.get("/healthz").status_code == 200
-    assert client.get("/readyz").status_code == 503
+    for surface in (client, ops):
+        assert surface.get("/readyz").status_code == 503
     cold.replace_nodes([])
     cold.replace_pods([])
-    assert client.get("/readyz").status_code == 200
+    assert ops.get("/readyz").status_code == 503  # TrainingJobs not synced yet
+    cold.replace_jobs([])
+    assert ops.get("/readyz").status_code == 200
     client.post("/filter", json=recorded("filter"))
     client.post("/filter", content=b"[", headers={"content-type": "application/json"})
-    text = client.get("/metrics").text
+    # The verbs' listener has no /metrics; the ops listener has no verbs.
+    assert client.get("/metrics").status_code == 404
+    assert ops.post("/filter", json=recorded("filter")).status_code in (404, 405)
+    text = ops.get("/metrics").text
     assert 'gangshare_extender_requests_total{result="ok",verb="filter"} 1.0' in text
     assert 'gangshare_extender_requests_total{result="rejected",verb="filter"} 1.0' in text
     assert 'gangshare_extender_filtered_nodes_total{outcome="unresolvable"} 2.0' in text
     assert "gangshare_extender_request_duration_seconds_bucket" in text
-    json.loads(client.get("/readyz").content)
+    json.loads(ops.get("/readyz").content)
+
+
+def test_verbs_refuse_callers_that_are_not_the_scheduler_on_loopback():
+    cache = cache_with(H100)
+    pod = recorded("filter")["Pod"]
+    remote, binder = client_for(cache, {"default/recorded": pod}, peer="192.0.2.7")
+    for verb, body in (
+        ("filter", recorded("filter")),
+        ("prioritize", recorded("prioritize")),
+        ("bind", {**recorded("bind"), "Node": "h100-0"}),
+    ):
+        answer = remote.post(f"/{verb}", json=body)
+        assert answer.status_code == 403, verb
+        assert "answer only kube-scheduler on loopback" in answer.json()["error"]
+    assert binder.bound == []
+    ipv6, _ = client_for(cache, {"default/recorded": pod}, peer="::1")
+    assert ipv6.post("/filter", json=recorded("filter")).status_code == 200
+
+
+def test_bind_binds_only_pending_ungated_gpu_pods_of_gangshares_scheduler():
+    cache = cache_with({"nodePools": [{"name": "n", "count": 1, "gpusPerNode": 4}]})
+    foreign = gpu_pod("foreign", 1)
+    foreign["spec"]["schedulerName"] = "default-scheduler"
+    bound = gpu_pod("bound", 1, node="n-0")
+    gated = gpu_pod("gated", 1)
+    gated["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
+    cpu = gpu_pod("cpu", 1)
+    cpu["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    pods = {f"default/{p['metadata']['name']}": p for p in (foreign, bound, gated, cpu)}
+    client, binder = client_for(cache, pods)
+
+    def bind(name):
+        body = {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}", "Node": "n-0"}
+        return client.post("/bind", json=body).json()["Error"]
+
+    assert bind("foreign") == (
+        "pod default/foreign belongs to scheduler 'default-scheduler', not gangshare's"
+    )
+    assert bind("bound") == "pod default/bound is already bound to n-0"
+    assert bind("gated") == "pod default/gated still has scheduling gates"
+    assert bind("cpu") == "pod default/cpu requests no GPUs; gangshare binds only GPU pods"
+    assert binder.bound == [] and cache.assumed_count() == 0
+
+
+def test_record_writes_only_its_fixed_files_inside_its_folder(tmp_path):
+    folder = tmp_path / "a" / "b" / "record"
+    folder.mkdir(parents=True)
+    cache = cache_with(H100)
+    app = create_app(cache, None, ExtenderMetrics(), record=folder)
+    client = TestClient(app, client=("127.0.0.1", 1))
+    client.post("/filter", json=recorded("filter"))
+    for path in ("/..%2fescaped", "/..%2f..%2fescaped", "/%2e%2e%2fescaped", "/x%2f..%2f..%2fy"):
+        client.post(path, content=b"{}")
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["a/b/record/filter-request.json"]
+
+
+def test_liveness_fails_when_a_watch_goes_silent():
+    cache = cache_with(H100)
+    health = Health(cache, silence_limit=60)
+    ops = TestClient(create_ops_app(cache, ExtenderMetrics(), health))
+    assert ops.get("/healthz").status_code == 200
+    cache.heard["trainingjobs"] -= 61
+    answer = ops.get("/healthz")
+    assert answer.status_code == 503
+    assert answer.json()["status"].startswith("trainingjobs watch has heard nothing")

@@ -75,6 +75,15 @@ def pod(
                 "gangshare.io/attempt": str(attempt),
             },
             "annotations": {},
+            "ownerReferences": [
+                {
+                    "apiVersion": "gangshare.io/v1alpha1",
+                    "kind": "TrainingJob",
+                    "name": job,
+                    "uid": f"uid-{job}",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {
             "nodeName": node,

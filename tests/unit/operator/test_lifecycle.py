@@ -2,8 +2,9 @@
 
 from jobs import make_job, pod
 
+from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import iso
-from gangshare.operator.lifecycle import Observation, detect_actions
+from gangshare.operator.lifecycle import Limits, Observation, detect_actions
 
 NOW = 1_800_000_000.0
 PLACEMENT = [{"rank": 0, "node": "n-0", "gpus": [0, 1]}, {"rank": 1, "node": "n-1", "gpus": [0, 1]}]
@@ -53,7 +54,10 @@ def test_admitted_gang_creates_every_missing_worker_gated_with_its_plan():
     created = actions.create_pods[0]
     assert created["spec"]["schedulingGates"] == [{"name": "gangshare.io/gang"}]
     assert created["metadata"]["annotations"]["gangshare.io/planned-gpus"] == "0,1"
-    assert created["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "n-1"
+    pin = created["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert pin["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n-1"]
     assert actions.lift_gates == []  # not every worker exists yet
 
 
@@ -167,18 +171,129 @@ def test_ttl_deletes_a_finished_job():
     assert detect(job.build(), now=NOW + 60).delete_job
 
 
-def test_image_pull_errors_fail_the_job_as_user_errors():
-    job = admitted().condition("GangScheduled", True).build()
-    waiting = {
+def pulling(message, started_ago):
+    return {
+        "startTime": iso(NOW - started_ago),
         "containerStatuses": [
-            {"name": "trainer", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
-        ]
+            {
+                "name": "trainer",
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": message}},
+            }
+        ],
     }
-    actions = detect(job, pods=[pod("j", 0, **waiting), pod("j", 1)])
+
+
+def test_a_transient_image_pull_error_waits_then_restarts_the_gang_as_infrastructure():
+    job = admitted().condition("GangScheduled", True).build()
+    timeout = "Back-off pulling image: dial tcp 10.0.0.5:443: i/o timeout"
+    young = detect(job, pods=[pod("j", 0, node="n-0", **pulling(timeout, 60)), pod("j", 1)])
+    assert "phase" not in young.status  # the kubelet's own retries come first
+    old = detect(job, pods=[pod("j", 0, node="n-0", **pulling(timeout, 301)), pod("j", 1)])
+    assert (old.status["phase"], old.status["restarts"]) == ("Restarting", 1)
+    assert old.status["lastFailure"]["class"] == "Infrastructure"
+    assert old.status["lastFailure"]["reason"] == "ImagePullFailing"
+    assert old.status["nextRetryAt"] == iso(NOW + 10)
+
+
+def test_an_image_that_does_not_exist_fails_fast_as_a_user_error():
+    job = admitted().condition("GangScheduled", True).build()
+    missing = 'failed to pull "r.io/t:9": manifest unknown'
+    actions = detect(job, pods=[pod("j", 0, node="n-0", **pulling(missing, 5)), pod("j", 1)])
     assert actions.status["phase"] == "Failed"
-    assert actions.status["lastFailure"]["reason"] == "ImagePullBackOff"
+    assert actions.status["lastFailure"]["reason"] == "ImageNotPullable"
 
 
 def test_same_observation_same_decision():
     job, pods = admitted().build(), [pod("j", 0, gated=True)]
     assert detect(job, pods=pods) == detect(job, pods=pods)
+
+
+# ----- no admitted gang waits forever -------------------------------------------------------
+
+
+def test_a_gang_not_bound_by_the_start_deadline_is_released_and_requeued_with_backoff():
+    job = (
+        admitted(admittedAt=iso(NOW - 60), queuedAt=iso(NOW - 500))
+        .condition("GangScheduled", True)
+        .build()
+    )
+    stuck = pod("j", 1, node=None)
+    stuck["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/6 nodes are available: 1 Insufficient cpu.",
+        }
+    ]
+    workers = [pod("j", 0, node="n-0"), stuck]
+    early = detect(job, pods=workers, now=NOW, limits=Limits(start_timeout_seconds=120))
+    assert early.empty and early.requeue_after == 60  # looked at again exactly at the deadline
+    late = detect(job, pods=workers, now=NOW + 60, limits=Limits(start_timeout_seconds=120))
+    status = late.status
+    assert (status["phase"], status["attempt"], status["placement"]) == ("Queued", 1, None)
+    assert "queuedAt" not in status  # its place in the queue is kept
+    assert "restarts" not in status and status["startFailures"] == 1  # no retry is spent
+    assert status["nextRetryAt"] == iso(NOW + 60 + 10)
+    assert status["message"] == (
+        "workers not all bound 120s after admission (worker 1: 0/6 nodes are available: "
+        "1 Insufficient cpu.); GPUs released, requeued in 10s"
+    )
+    assert sorted(late.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert [(e.type, e.reason) for e in late.events] == [("Warning", "GangStartTimeout")]
+    again = {**job, "status": {**job["status"], "startFailures": 3}}
+    assert detect(
+        again, pods=workers, now=NOW + 60, limits=Limits(start_timeout_seconds=120)
+    ).status["nextRetryAt"] == iso(NOW + 60 + 80)
+
+
+def test_a_displaced_gang_is_requeued_at_once_keeping_its_place():
+    job = admitted(admittedAt=iso(NOW - 1)).build()
+    seen = Observation(
+        job,
+        [pod("j", 0, gated=True)],
+        True,
+        NOW,
+        Displacement(0, "planned GPU 1 on n-0 is taken by pod:team/bare"),
+    )
+    actions = detect_actions(seen, "gangshare-scheduler")
+    assert (actions.status["phase"], actions.status["attempt"]) == ("Queued", 1)
+    assert actions.status["nextRetryAt"] is None and "queuedAt" not in actions.status
+    assert actions.status["message"].startswith(
+        "the gang's plan broke before it started (planned GPU 1 on n-0 is taken by pod:team/bare)"
+    )
+    assert [e.reason for e in actions.events] == ["GangDisplaced"]
+    # A displacement seen for an earlier attempt is stale and changes nothing.
+    stale = Observation(job, [pod("j", 0, gated=True)], True, NOW, Displacement(7, "old"))
+    assert detect_actions(stale, "gangshare-scheduler").status.get("phase") is None
+
+
+def test_a_bound_gang_is_never_released_by_the_start_deadline():
+    job = admitted(admittedAt=iso(NOW - 999)).condition("GangScheduled", True).build()
+    pods = [pod("j", 0, node="n-0", phase="Pending"), pod("j", 1, node="n-1", phase="Pending")]
+    actions = detect(job, pods=pods, limits=Limits(start_timeout_seconds=120))
+    assert actions.status.get("phase") is None
+
+
+def test_pods_stuck_terminating_past_the_bound_are_force_deleted():
+    job = make_job("j").status(phase="Restarting", attempt=1, nextRetryAt=iso(NOW))
+    dying = pod("j", 0, attempt=0, phase="Running", node="dead")
+    dying["metadata"]["deletionTimestamp"] = iso(NOW - 30)
+    waiting = detect(job.build(), pods=[dying], limits=Limits(stuck_pod_seconds=60))
+    assert waiting.force_delete_pods == [] and waiting.requeue_after == 30
+    assert "phase" not in waiting.status  # the restart still waits for it...
+    forced = detect(job.build(), pods=[dying], now=NOW + 30, limits=Limits(stuck_pod_seconds=60))
+    assert forced.force_delete_pods == ["j-worker-0"]  # ...but never forever
+    assert detect(job.build(), pods=[], now=NOW + 31).status["phase"] == "Queued"
+
+
+def test_pods_the_job_does_not_control_are_never_touched():
+    job = admitted(phase="Running").condition("GangScheduled", True).build()
+    mine = [pod("j", 0, phase="Running", node="n-0"), pod("j", 1, phase="Running", node="n-1")]
+    impostor = pod("j", 1, phase="Failed", node="n-1", reason="Evicted")
+    impostor["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    impostor["metadata"]["name"] = "j-worker-1-copy"
+    stale_impostor = pod("j", 0, attempt=9, phase="Running")
+    stale_impostor["metadata"]["ownerReferences"] = []
+    actions = detect(job, pods=[*mine, impostor, stale_impostor])
+    assert actions.empty  # neither a failure of this gang nor a stale pod to delete

@@ -62,7 +62,16 @@ def test_user_template_is_kept_but_gpu_requests_follow_the_spec():
     assert (
         pod["metadata"]["labels"]["team"] == "nlp" and pod["metadata"]["annotations"]["note"] == "x"
     )
-    assert pod["spec"]["nodeSelector"] == {"disk": "ssd", "kubernetes.io/hostname": "n-0"}
+    # The template's selector is kept; the plan pins the node by name (metadata.name), which
+    # holds even where the hostname label differs from the node's name.
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
+    assert pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ] == {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n-0"]}]}
+        ]
+    }
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {
         "cpu": "4",
         "nvidia.com/gpu": "2",
@@ -72,3 +81,38 @@ def test_user_template_is_kept_but_gpu_requests_follow_the_spec():
     assert (
         template["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "99"
     )  # not mutated
+
+
+def test_the_planned_node_is_anded_into_every_affinity_term_of_the_template():
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    rack = {"key": "rack", "operator": "Exists"}
+    template = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [zone]},
+                            {"matchExpressions": [rack]},
+                        ]
+                    }
+                },
+                "podAffinity": {"x": 1},
+            },
+            "containers": [{"name": "t", "image": "i"}],
+        }
+    }
+    job = parse_trainingjob(make_job("j").spec(template=template).build())
+    affinity = worker_pod(job, 0, "n-3", [0], attempt=0)["spec"]["affinity"]
+    pin = {"key": "metadata.name", "operator": "In", "values": ["n-3"]}
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [
+        {"matchExpressions": [zone], "matchFields": [pin]},
+        {"matchExpressions": [rack], "matchFields": [pin]},
+    ]
+    assert affinity["podAffinity"] == {"x": 1}
+    assert template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"][0] == {"matchExpressions": [zone]}  # not mutated

@@ -1,5 +1,6 @@
 """The operator's cluster snapshot from API objects: who holds which GPUs."""
 
+import pytest
 from jobs import make_job, nodes, pod
 
 from gangshare.kube.snapshot import build_snapshot, node_unschedulable_reason
@@ -76,11 +77,13 @@ def test_node_reasons():
         node_unschedulable_reason({**ready, "spec": {"unschedulable": True}}) == "node is cordoned"
     )
     assert node_unschedulable_reason({"status": {"conditions": []}}) == "node is not Ready"
+    # A taint keeps off only the pods that do not tolerate it: the node stays schedulable, and
+    # its taints go with it for the planner to check against each job's tolerations.
     tainted = {
         **ready,
         "spec": {"taints": [{"key": "gpu", "value": "broken", "effect": "NoSchedule"}]},
     }
-    assert node_unschedulable_reason(tainted) == "node has taint gpu=broken:NoSchedule"
+    assert node_unschedulable_reason(tainted) is None
     cordoned = nodes(SPEC)
     cordoned[0]["spec"]["unschedulable"] = True
     assert (
@@ -109,3 +112,102 @@ def test_running_jobs_are_expected_to_end_by_the_prediction_they_were_admitted_w
     ends = {r.key: r.expected_end for r in snapshot.running}
     start = 1767225600.0
     assert ends == {"team/a": start + 100, "team/b": start + 250}
+
+
+# ----- one ledger: facts first, plans last, and what breaks a plan ---------------------------
+
+
+def admitted_job(name="a", placement=None, attempt=0, **spec):
+    placement = placement or [{"rank": 0, "node": "n-0", "gpus": [0, 1]}]
+    job = make_job(name).spec(workers=len(placement), gpusPerWorker=2, **spec)
+    return job.status(phase="Admitted", attempt=attempt, placement=placement)
+
+
+def test_a_bound_pod_on_a_planned_gpu_displaces_the_gang_and_keeps_its_gpu():
+    intruder = pod("bare", 0, phase="Running", node="n-0", gpus=1)
+    intruder["metadata"].update(labels={}, ownerReferences=[])
+    intruder["metadata"]["annotations"]["gangshare.io/planned-gpus"] = "1"
+    snapshot = build_snapshot(nodes(SPEC), [intruder], [admitted_job().build()])
+    assert snapshot.displaced == {
+        "team/a": "planned GPU 1 on n-0 is taken by pod:team/bare-worker-0"
+    }
+    # The GPU the pod really uses is counted for it; the broken plan holds nothing more.
+    assert [g.free_for_guaranteed for g in snapshot.cluster.node("n-0").gpus] == [
+        True,
+        False,
+        True,
+        True,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda n: n.pop(0), "planned node n-0 no longer exists"),
+        (
+            lambda n: n[0]["spec"].update(unschedulable=True),
+            "planned node n-0: node is cordoned",
+        ),
+        (
+            lambda n: n[0]["spec"].update(taints=[{"key": "maint", "effect": "NoSchedule"}]),
+            "planned node n-0: node has taint maint:NoSchedule the worker does not tolerate",
+        ),
+    ],
+)
+def test_a_planned_node_that_goes_away_or_turns_unusable_displaces_the_gang(change, reason):
+    objects = nodes(SPEC)
+    change(objects)
+    snapshot = build_snapshot(objects, [], [admitted_job().build()])
+    assert snapshot.displaced == {"team/a": reason}
+
+
+def test_a_tolerated_taint_or_a_bound_worker_keeps_the_plan():
+    objects = nodes(SPEC)
+    objects[0]["spec"]["taints"] = [{"key": "maint", "effect": "NoSchedule"}]
+    template = {
+        "spec": {
+            "tolerations": [{"key": "maint", "operator": "Exists"}],
+            "containers": [{"name": "t", "image": "i"}],
+        }
+    }
+    tolerant = admitted_job(template=template).build()
+    assert build_snapshot(objects, [], [tolerant]).displaced == {}
+    # Already bound, a worker is a fact: cordoning its node later breaks nothing.
+    objects[0]["spec"] = {"unschedulable": True}
+    bound = pod("a", 0, phase="Running", node="n-0", gpus=2)
+    snapshot = build_snapshot(objects, [bound], [admitted_job().build()])
+    assert snapshot.displaced == {} and snapshot.cluster.node("n-0").free_guaranteed == 2
+
+
+def test_only_the_jobs_own_current_workers_count_as_its_plan():
+    job = admitted_job(attempt=1).build()
+    # A worker of the previous attempt, still bound while it shuts down: a fact of its own.
+    old = pod("a", 0, attempt=0, phase="Running", node="n-0", gpus=2)
+    old["metadata"]["annotations"]["gangshare.io/planned-gpus"] = "2,3"
+    # A pending pod claiming a plan in its own annotations reserves nothing.
+    forged = pod("x", 0, phase="Pending", gpus=2)
+    forged["metadata"]["annotations"].update(
+        {"gangshare.io/planned-node": "n-1", "gangshare.io/planned-gpus": "0,1"}
+    )
+    snapshot = build_snapshot(nodes(SPEC), [old, forged], [job])
+    assert snapshot.cluster.node("n-0").free_guaranteed == 0  # plan 0,1 + old pod 2,3
+    assert snapshot.cluster.node("n-1").free_guaranteed == 4
+    assert snapshot.displaced == {}
+
+
+def test_a_plan_takes_its_workers_cpu_until_they_are_bound():
+    objects = nodes(SPEC)
+    objects[0]["status"]["allocatable"]["cpu"] = "32"
+    template = {
+        "spec": {
+            "containers": [{"name": "t", "image": "i", "resources": {"requests": {"cpu": "12"}}}]
+        }
+    }
+    job = admitted_job(template=template).build()
+    snapshot = build_snapshot(objects, [], [job])
+    assert snapshot.cluster.node("n-0").requested == {"cpu": 12_000, "pods": 1}
+    # Bound, the worker's requests come from the pod list instead: never counted twice.
+    bound = pod("a", 0, phase="Running", node="n-0", gpus=2)
+    bound["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "12"}
+    snapshot = build_snapshot(objects, [bound], [job])
+    assert snapshot.cluster.node("n-0").requested == {"cpu": 12_000, "pods": 1}

@@ -52,3 +52,48 @@ def test_invalid_specs_name_the_field(fields, message):
     with pytest.raises(InvalidSpec) as err:
         parse_trainingjob(make_job().spec(**fields).build())
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("name", ["resnet.v2", "ResNet", "9lives", "train-", "a_b"])
+def test_a_name_that_cannot_name_a_service_and_hostnames_is_refused(name):
+    job = make_job(name).build()
+    with pytest.raises(InvalidSpec) as err:
+        parse_trainingjob(job)
+    assert str(err.value).startswith("metadata.name: must be a DNS-1035 label")
+
+
+@pytest.mark.parametrize(
+    ("template_meta", "message"),
+    [
+        (
+            {"annotations": {"gangshare.io/assigned-gpus": "0,1,2,3"}},
+            "spec.template.metadata.annotations: gangshare.io/assigned-gpus is reserved",
+        ),
+        (
+            {"annotations": {"gangshare.io/planned-node": "h100-0"}},
+            "spec.template.metadata.annotations: gangshare.io/planned-node is reserved",
+        ),
+        (
+            {"labels": {"gangshare.io/job": "someone-elses"}},
+            "spec.template.metadata.labels: gangshare.io/job is reserved",
+        ),
+    ],
+)
+def test_a_template_cannot_claim_gangshares_own_keys(template_meta, message):
+    template = {"metadata": template_meta, "spec": {"containers": [{"name": "t", "image": "i"}]}}
+    with pytest.raises(InvalidSpec) as err:
+        parse_trainingjob(make_job().spec(template=template).build())
+    assert str(err.value).startswith(message)
+
+
+def test_the_simulation_markers_are_the_only_gangshare_keys_a_template_may_set():
+    markers = {"gangshare.io/kwok-exit-code": "0", "gangshare.io/kwok-run-for": "2s"}
+    template = {"metadata": {"annotations": markers}, "spec": {"containers": [{"name": "t"}]}}
+    assert parse_trainingjob(make_job().spec(template=template).build()).template == template
+
+
+def test_a_template_cannot_pick_its_node():
+    template = {"spec": {"nodeName": "h100-0", "containers": [{"name": "t", "image": "i"}]}}
+    with pytest.raises(InvalidSpec) as err:
+        parse_trainingjob(make_job().spec(template=template).build())
+    assert str(err.value).startswith("spec.template.spec.nodeName: gangshare places every worker")

@@ -11,8 +11,9 @@ from simkit import OPP, job, setup, simulate
 
 import gangshare.sim.engine as engine
 from gangshare.core import Cluster, GangRequest, Gpu, NodeState, ServiceClass
-from gangshare.core.cycle import schedule_cycle
-from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy, RunningJob
+from gangshare.core.cycle import PendingKind, schedule_cycle
+from gangshare.core.gang import never_fits
+from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy, RunningJob, policy_refusal
 from gangshare.sim.decide import decide
 from gangshare.sim.pending import PendingIndex
 from gangshare.sim.policy import parse_policy
@@ -103,7 +104,17 @@ GPUS = sorted({w * g for w in (1, 2, 3) for g in (1, 2, 4, 8)})
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots())
 def test_decide_plans_what_the_operators_cycle_plans(snapshot):
-    cluster, running, pending, policy, predict = snapshot
+    cluster, running, drawn, policy, predict = snapshot
+    # The engine never lets an inadmissible job wait (decide's precondition); the cycle
+    # marks the very same jobs Inadmissible, which the second check below holds it to.
+    pending = [
+        q
+        for q in drawn
+        if policy_refusal(policy, q) is None and never_fits(cluster, q.gang) is None
+    ]
+    everything = schedule_cycle(copy.deepcopy(cluster), list(drawn), list(running), policy, 25.0)
+    inadmissible = {p.job.key for p in everything.pending if p.kind is PendingKind.INADMISSIBLE}
+    assert inadmissible == {q.key for q in drawn} - {q.key for q in pending}
     operator_view, simulator_view = copy.deepcopy(cluster), copy.deepcopy(cluster)
     seen = [
         q if predict is None else replace(q, runtime_estimate=predict(q.queue, q.gpus))

@@ -1,0 +1,212 @@
+"""What a pod or a TrainingJob claims of the GPUs, read from API objects (pure).
+
+Only the operator's own pods are gang workers: a pod named `<job>-worker-<rank>`,
+labelled with the job's attempt, whose controller is the TrainingJob's uid. The
+job's plan comes from its status (written only by the operator), never from a
+pod's annotations. Any other pod claims GPUs only once bound to a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from gangshare.core.annotations import (
+    ATTEMPT_LABEL,
+    GPU_RESOURCE,
+    JOB_LABEL,
+    POD_ASSIGNED_GPUS,
+    POD_GPU_MEMORY,
+    POD_PLANNED_GPUS,
+    RANK_LABEL,
+    SHARE_RESOURCE,
+    AnnotationError,
+    decode_gpu_indices,
+)
+from gangshare.core.constraints import PodConstraints
+from gangshare.core.job import ServiceClass
+from gangshare.kube.quantity import QuantityError, to_int, to_mib
+from gangshare.kube.scheduling import TERMINAL_POD_PHASES, pod_constraints
+from gangshare.kube.trainingjob import GROUP, KIND, worker_pod_name
+
+HOLDING_PHASES = ("Admitted", "Running")
+
+
+class ClaimKind(IntEnum):
+    """Precedence when a node's GPUs are handed out: facts first, plans last."""
+
+    FACT = 0  # a pod bound to the node: the kubelet may be running it
+    ASSUMED = 1  # a bind the extender decided and has not seen come back yet
+    PLAN = 2  # an admitted gang's worker not bound yet
+
+
+@dataclass(frozen=True)
+class Claim:
+    owner: str
+    kind: ClaimKind
+    node: str
+    service_class: ServiceClass
+    count: int
+    indices: tuple[int, ...] | None
+    memory_mib: int | None = None
+    # Non-GPU requests a plan promises on its node (facts are counted from the pod list).
+    resources: tuple[tuple[str, int], ...] = ()
+    job: str | None = None
+    constraints: PodConstraints | None = None
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    job: str  # namespace/name
+    uid: str
+    rank: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    owner: str
+    node: str | None  # spec.nodeName, once bound
+    service_class: ServiceClass
+    count: int
+    indices: tuple[int, ...] | None
+    memory_mib: int | None
+    identity: WorkerIdentity | None
+
+
+@dataclass(frozen=True)
+class JobHold:
+    """An admitted TrainingJob's promise: rank -> (node, GPUs), from its status."""
+
+    key: str
+    uid: str
+    attempt: int
+    service_class: ServiceClass
+    memory_mib: int | None
+    placement: tuple[tuple[int, str, tuple[int, ...]], ...]
+    constraints: PodConstraints
+
+    def rank_owner(self, rank: int) -> str:
+        return f"{self.key}/{rank}"
+
+    def plan_of(self, rank: int) -> tuple[str, tuple[int, ...]] | None:
+        for placed, node, gpus in self.placement:
+            if placed == rank:
+                return node, gpus
+        return None
+
+
+def pod_owner(namespace: str, name: str) -> str:
+    return f"pod:{namespace}/{name}"
+
+
+def gpu_request(pod: dict[str, Any]) -> tuple[ServiceClass, int] | None:
+    """(class, GPUs) a pod asks for: whole GPUs are Guaranteed, share slots Opportunistic."""
+    whole = share = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        try:
+            whole += to_int(asked.get(GPU_RESOURCE, 0), GPU_RESOURCE)
+            share += to_int(asked.get(SHARE_RESOURCE, 0), SHARE_RESOURCE)
+        except QuantityError:
+            continue
+    if whole:
+        return ServiceClass.GUARANTEED, whole
+    if share:
+        return ServiceClass.OPPORTUNISTIC, share
+    return None
+
+
+def worker_identity(pod: dict[str, Any]) -> WorkerIdentity | None:
+    """Who the pod says it works for; the ledger checks the claim against the job itself."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    job = labels.get(JOB_LABEL)
+    rank, attempt = str(labels.get(RANK_LABEL, "")), str(labels.get(ATTEMPT_LABEL, ""))
+    if not job or not rank.isdigit() or not attempt.isdigit():
+        return None
+    if meta.get("name") != worker_pod_name(job, int(rank)):
+        return None
+    controller = next(
+        (
+            ref
+            for ref in meta.get("ownerReferences") or []
+            if ref.get("controller")
+            and ref.get("kind") == KIND
+            and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/")
+            and ref.get("name") == job
+        ),
+        None,
+    )
+    if controller is None:
+        return None
+    return WorkerIdentity(
+        f"{meta.get('namespace')}/{job}", str(controller.get("uid")), int(rank), int(attempt)
+    )
+
+
+def recorded_indices(pod: dict[str, Any], count: int) -> tuple[tuple[int, ...] | None, str | None]:
+    """The GPUs recorded on a bound pod: the agent's published assignment (the kubelet's
+    truth), else the extender's Binding; (None, warning) when unreadable."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    for key in (POD_ASSIGNED_GPUS, POD_PLANNED_GPUS):
+        if key in annotations:
+            try:
+                indices = decode_gpu_indices(key, annotations[key])
+            except AnnotationError as err:
+                return None, str(err)
+            return (indices if len(indices) == count else None), None
+    return None, None
+
+
+def pod_facts(pod: dict[str, Any]) -> tuple[PodFacts | None, str | None]:
+    """(facts, warning) for a live pod that asks for GPUs; (None, None) for any other pod."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if status.get("phase") in TERMINAL_POD_PHASES:
+        return None, None
+    asked = gpu_request(pod)
+    if asked is None:
+        return None, None
+    owner = pod_owner(meta.get("namespace", "default"), meta.get("name", ""))
+    node = spec.get("nodeName") or None
+    indices, warning = recorded_indices(pod, asked[1]) if node else (None, None)
+    memory = None
+    raw = (meta.get("annotations") or {}).get(POD_GPU_MEMORY)
+    if asked[0] is ServiceClass.OPPORTUNISTIC and raw and raw.isdigit():
+        memory = int(raw)
+    facts = PodFacts(owner, node, asked[0], asked[1], indices, memory, worker_identity(pod))
+    return facts, (f"{owner}: {warning}" if warning else None)
+
+
+def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
+    """(hold, warning) for a TrainingJob that holds GPUs (admitted or running with a placement)."""
+    meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
+    if status.get("phase") not in HOLDING_PHASES or not status.get("placement"):
+        return None, None
+    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    try:
+        service_class = ServiceClass(spec.get("serviceClass", "Guaranteed"))
+        memory = None
+        if service_class is ServiceClass.OPPORTUNISTIC and spec.get("gpuMemory") is not None:
+            memory = to_mib(spec["gpuMemory"], "spec.gpuMemory")
+        placement = tuple(
+            (int(w["rank"]), str(w["node"]), tuple(int(g) for g in w.get("gpus") or []))
+            for w in status["placement"]
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        return None, f"{key}: status.placement or spec unreadable ({err})"
+    template_spec = ((spec.get("template") or {}).get("spec")) or {}
+    return (
+        JobHold(
+            key,
+            str(meta.get("uid", "")),
+            int(status.get("attempt", 0) or 0),
+            service_class,
+            memory,
+            placement,
+            pod_constraints(template_spec),
+        ),
+        None,
+    )

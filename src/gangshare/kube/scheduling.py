@@ -1,0 +1,146 @@
+"""What kube-scheduler reads from a pod and a node besides GPUs, turned into core objects (pure).
+
+A pod's constraints: nodeSelector, required node affinity, tolerations, and its
+effective requests (containers summed with sidecars, or the largest init
+container, plus overhead), as kube-scheduler's NodeResourcesFit computes them.
+A node's side: its taints, and what its allocatable leaves once every live pod
+bound to it has taken its requests. GPUs are the core's own model, so the GPU
+resources are left out of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from decimal import ROUND_CEILING
+from typing import Any
+
+from gangshare.core.annotations import GPU_RESOURCE, SHARE_RESOURCE
+from gangshare.core.constraints import (
+    PodConstraints,
+    Requirement,
+    SelectorOperator,
+    SelectorTerm,
+    Taint,
+    Toleration,
+)
+from gangshare.kube.quantity import QuantityError, to_bytes
+
+GPU_RESOURCES = frozenset({GPU_RESOURCE, SHARE_RESOURCE})
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+
+def quantity(name: str, value: Any) -> int:
+    """A resource amount in base units: CPU in millicores, everything else rounded up."""
+    amount = to_bytes(value, name)
+    if name == "cpu":
+        amount *= 1000
+    return int(amount.to_integral_value(rounding=ROUND_CEILING))
+
+
+def _amounts(raw: Mapping[str, Any] | None) -> dict[str, int]:
+    result: dict[str, int] = {}
+    for name, value in (raw or {}).items():
+        if name in GPU_RESOURCES:
+            continue
+        try:
+            result[name] = quantity(name, value)
+        except QuantityError:
+            continue  # the API server refuses such a pod; nothing to count
+    return result
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    # A limit without a request defaults the request to the limit (API defaulting).
+    return {**_amounts(resources.get("limits")), **_amounts(resources.get("requests"))}
+
+
+def _add(into: dict[str, int], more: Mapping[str, int]) -> None:
+    for name, amount in more.items():
+        into[name] = into.get(name, 0) + amount
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Effective requests of a pod (non-GPU), plus one of the node's pod slots."""
+    total: dict[str, int] = {}
+    sidecars: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for init in spec.get("initContainers") or []:
+        asked = _container_requests(init)
+        if init.get("restartPolicy") == "Always":
+            _add(sidecars, asked)  # native sidecars run beside the app containers
+            continue
+        # A regular init container runs alone, beside the sidecars started before it.
+        for name, amount in asked.items():
+            peak[name] = max(peak.get(name, 0), amount + sidecars.get(name, 0))
+    for container in spec.get("containers") or []:
+        _add(total, _container_requests(container))
+    _add(total, sidecars)
+    for name, amount in peak.items():
+        total[name] = max(total.get(name, 0), amount)
+    _add(total, _amounts(spec.get("overhead")))
+    total["pods"] = 1
+    return {name: amount for name, amount in total.items() if amount > 0}
+
+
+def _requirements(raw: Iterable[Mapping[str, Any]] | None) -> tuple[Requirement, ...]:
+    found = []
+    for item in raw or []:
+        key = str(item.get("key", ""))
+        try:
+            operator = SelectorOperator(item.get("operator", ""))
+        except ValueError:
+            # The API server refuses unknown operators; should one slip by, it matches nothing.
+            found.append(Requirement(key, SelectorOperator.IN, ()))
+            continue
+        found.append(Requirement(key, operator, tuple(str(v) for v in item.get("values") or [])))
+    return tuple(found)
+
+
+def pod_constraints(spec: Mapping[str, Any]) -> PodConstraints:
+    """The constraints kube-scheduler will apply to a pod with this spec (or template spec)."""
+    selector = tuple(sorted((str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items()))
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = tuple(
+        SelectorTerm(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
+        for t in required.get("nodeSelectorTerms") or []
+    )
+    tolerations = tuple(
+        Toleration(
+            key=str(t.get("key") or ""),
+            operator=str(t.get("operator") or "Equal"),
+            value=str(t.get("value") or ""),
+            effect=str(t.get("effect") or ""),
+        )
+        for t in spec.get("tolerations") or []
+    )
+    return PodConstraints(
+        node_selector=selector,
+        affinity=terms,
+        tolerations=tolerations,
+        resources=tuple(sorted(pod_requests(spec).items())),
+    )
+
+
+def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
+    return tuple(
+        Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+        for t in (node.get("spec") or {}).get("taints") or []
+    )
+
+
+def node_allocatable(node: Mapping[str, Any]) -> dict[str, int]:
+    return _amounts(((node.get("status") or {}).get("allocatable")) or {})
+
+
+def requests_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Requests every live pod bound to a node takes from it (what NodeResourcesFit counts)."""
+    by_node: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in TERMINAL_POD_PHASES:
+            continue
+        _add(by_node.setdefault(node, {}), pod_requests(pod.get("spec") or {}))
+    return by_node

@@ -1,0 +1,58 @@
+"""What the lifecycle sees of a job (Observation) and what it asks for (Actions): plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str  # CamelCase
+    message: str
+
+
+@dataclass
+class Actions:
+    status: dict[str, Any] = field(default_factory=dict)
+    create_service: dict[str, Any] | None = None
+    create_pods: list[dict[str, Any]] = field(default_factory=list)
+    lift_gates: list[str] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    # Pods long past their deletion deadline (their node is dead): removed without grace.
+    force_delete_pods: list[str] = field(default_factory=list)
+    delete_job: bool = False
+    events: list[Event] = field(default_factory=list)
+    # Seconds until the job needs another look (back-off, TTL); None when events will wake it.
+    requeue_after: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.status
+            or self.create_service
+            or self.create_pods
+            or self.lift_gates
+            or self.delete_pods
+            or self.force_delete_pods
+            or self.delete_job
+            or self.events
+        )
+
+
+@dataclass(frozen=True)
+class Displacement:
+    """The scheduling pass found this attempt's plan broken (see gangshare.kube.ledger)."""
+
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    job: dict[str, Any]
+    pods: list[dict[str, Any]]
+    has_service: bool
+    now: float
+    displaced: Displacement | None = None

@@ -1,0 +1,98 @@
+"""A pod's and a node's scheduling facts read from API objects, as kube-scheduler reads them."""
+
+from gangshare.core.constraints import SelectorOperator, Taint
+from gangshare.kube.scheduling import (
+    node_allocatable,
+    node_taints,
+    pod_constraints,
+    pod_requests,
+    requests_by_node,
+)
+
+
+def container(name, cpu=None, memory=None, gpu=None, limits_only=False):
+    amounts = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+    if gpu:
+        amounts["nvidia.com/gpu"] = gpu
+    resources = {"limits": amounts} if limits_only else {"requests": amounts}
+    return {"name": name, "resources": resources}
+
+
+def test_requests_sum_containers_and_sidecars_and_cover_the_largest_init_container():
+    spec = {
+        "initContainers": [
+            container("fetch", cpu="6", memory="1Gi"),  # runs alone, before the sidecar
+            {**container("proxy", cpu="500m"), "restartPolicy": "Always"},
+            container("warm", cpu="2", memory="8Gi"),  # runs beside the proxy
+        ],
+        "containers": [
+            container("train", cpu="4", memory="16Gi", gpu="8"),
+            container("log", cpu="250m"),
+        ],
+        "overhead": {"cpu": "100m"},
+    }
+    assert pod_requests(spec) == {
+        # max(containers 4.25 + sidecar 0.5, init 6, init 2 + sidecar 0.5) + overhead 0.1
+        "cpu": 6100,
+        # max(16Gi, 1Gi, 8Gi): GPUs are left to the core's own model
+        "memory": 16 * 2**30,
+        "pods": 1,
+    }
+
+
+def test_a_limit_without_a_request_is_the_request():
+    spec = {"containers": [container("t", cpu="1500m", memory="2Gi", limits_only=True)]}
+    assert pod_requests(spec) == {"cpu": 1500, "memory": 2 * 2**30, "pods": 1}
+
+
+def test_pod_constraints_read_selector_affinity_and_tolerations():
+    spec = {
+        "nodeSelector": {"zone": "east"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "tier", "operator": "In", "values": ["a", "b"]}
+                            ],
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "NotIn", "values": ["x"]}
+                            ],
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container("t", cpu="1")],
+    }
+    constraints = pod_constraints(spec)
+    assert constraints.node_selector == (("zone", "east"),)
+    [term] = constraints.affinity
+    assert term.expressions[0].operator is SelectorOperator.IN
+    assert term.expressions[0].values == ("a", "b")
+    assert term.matches("y", {"tier": "b"}) and not term.matches("x", {"tier": "b"})
+    assert constraints.tolerations[0].tolerates(Taint("nvidia.com/gpu", "", "NoSchedule"))
+    assert dict(constraints.resources) == {"cpu": 1000, "pods": 1}
+
+
+def test_node_taints_allocatable_and_what_bound_pods_take():
+    node = {
+        "spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
+        },
+    }
+    assert node_taints(node) == (Taint("gpu", "yes", "NoSchedule"),)
+    assert node_allocatable(node) == {"cpu": 96_000, "memory": 2**40, "pods": 110}
+    pods = [
+        {"spec": {"nodeName": "n", "containers": [container("a", cpu="2")]}, "status": {}},
+        {"spec": {"nodeName": "n", "containers": [container("b", cpu="1")]}, "status": {}},
+        {
+            "spec": {"nodeName": "n", "containers": [container("c", cpu="9")]},
+            "status": {"phase": "Succeeded"},
+        },
+        {"spec": {"containers": [container("d", cpu="9")]}, "status": {}},  # not bound
+    ]
+    assert requests_by_node(pods) == {"n": {"cpu": 3000, "pods": 2}}
