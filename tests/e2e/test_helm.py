@@ -473,6 +473,7 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("scheduler", "create", "pods", "binding", "*", True),
     ("scheduler", "list", "trainingjobs.gangshare.io", "", "*", True),
     ("scheduler", "watch", "trainingjobs.gangshare.io", "", "*", True),
+    ("scheduler", "get", "trainingjobs.gangshare.io", "", "*", True),
     # kube-scheduler: its Lease, delegated authentication, events
     ("scheduler", "create", "leases.coordination.k8s.io", "", "release", True),
     ("scheduler", "get", "leases.coordination.k8s.io/gangshare-scheduler", "", "release", True),

@@ -46,6 +46,7 @@ from gangshare.extender.wire import (
     priority_json,
     priority_list,
 )
+from gangshare.kube.claims import worker_identity
 
 log = logging.getLogger("gangshare.extender")
 Model = TypeVar("Model", bound=BaseModel)
@@ -140,9 +141,16 @@ def create_app(
         check_peer(request)
         args = await read_model(request, ExtenderArgs)
         names = args.node_names()
+        pod = args.Pod.model_dump()
         try:
             with cache.lock:
-                ask = pod_ask(args.Pod.model_dump(), cache.ledger)
+                ask = pod_ask(pod, cache.ledger)
+            if ask is not None and ask.unplanned is not None and binder is not None:
+                # The plan may be committed but not yet watched: read it, do not wait minutes
+                # for kube-scheduler to retry an unschedulable pod.
+                await run_in_threadpool(read_plan_through, cache, binder, pod)
+            with cache.lock:
+                ask = pod_ask(pod, cache.ledger)
                 if ask is None:
                     return answer("filter", started, filter_result(args, names, {}, {}))
                 passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names, cache.memo)
@@ -253,6 +261,22 @@ def bind_refusal(pod: dict[str, Any], scheduler_names: frozenset[str]) -> str | 
     if meta.get("deletionTimestamp"):
         return f"pod {name} is being deleted"
     return None
+
+
+def read_plan_through(cache: ClusterCache, binder: Binder, pod: dict[str, Any]) -> bool:
+    """Fill the ledger with a gang worker's TrainingJob read from the API server. True when
+    the cache took it; a failed read leaves the worker unplanned (kube-scheduler retries)."""
+    who = worker_identity(pod)
+    if who is None:
+        return False
+    seen = cache.job_version(who.job)
+    namespace, _, name = who.job.partition("/")
+    try:
+        job = binder.read_trainingjob(namespace, name)
+    except BindError as err:
+        log.warning("filter: %s", err)
+        return False
+    return cache.fill_job(who.job, job, seen)
 
 
 def _bind(

@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gangshare.core.annotations import POD_PLANNED_GPUS, POD_PLANNED_NODE, encode_gpu_indices
+from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 
 
 class BindError(RuntimeError):
@@ -24,6 +25,7 @@ class BindError(RuntimeError):
 class Binder:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """Only when the watch has not delivered the pod yet."""
@@ -35,6 +37,22 @@ class Binder:
             raise BindError(f"cannot read pod {namespace}/{name}: {err}") from None
         pod: dict[str, Any] = json.loads(response.data)  # type: ignore[attr-defined]
         return pod
+
+    def read_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A gang worker's TrainingJob, when the watch has not delivered its plan yet
+        (None: it does not exist)."""
+        try:
+            response = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise BindError(f"cannot read TrainingJob {namespace}/{name}: {err.reason}") from None
+        except HTTPError as err:
+            raise BindError(f"cannot read TrainingJob {namespace}/{name}: {err}") from None
+        job: dict[str, Any] = json.loads(response.data)  # type: ignore[attr-defined]
+        return job
 
     def record_and_bind(self, pod: dict[str, Any], node: str, gpus: tuple[int, ...]) -> None:
         meta = pod["metadata"]

@@ -41,6 +41,10 @@ class ClusterCache:
         self._warned: dict[str, str] = {}
         self.memo = NodeMemo()
         self.synced = {name: threading.Event() for name in WATCHES}
+        # Watch events per TrainingJob (and relists), so a read-through never overwrites
+        # something the watch delivered after the read began.
+        self._job_events: dict[str, int] = {}
+        self._job_relists = 0
         # Monotonic time each watch last heard from the API server (events or bookmarks).
         self.heard: dict[str, float] = dict.fromkeys(WATCHES, time.monotonic())
 
@@ -139,6 +143,7 @@ class ClusterCache:
 
     def replace_jobs(self, jobs: list[dict[str, Any]]) -> None:
         with self.lock:
+            self._job_relists += 1
             for warning in self.ledger.replace_jobs(jobs):
                 log.warning(warning)
             self._log_problems()
@@ -146,14 +151,43 @@ class ClusterCache:
 
     def upsert_job(self, job: dict[str, Any]) -> None:
         with self.lock:
-            warning = self.ledger.set_job(job)
-            if warning:
-                log.warning(warning)
-            self._log_problems()
+            self._count_job_event(job)
+            self._set_job(job)
 
     def delete_job(self, namespace: str, name: str) -> None:
         with self.lock:
+            key = f"{namespace}/{name}"
+            self._job_events[key] = self._job_events.get(key, 0) + 1
             self.ledger.remove_job(namespace, name)
+
+    def job_version(self, key: str) -> tuple[int, int]:
+        """What the watch has delivered for a job so far; pass it back to `fill_job`."""
+        with self.lock:
+            return self._job_relists, self._job_events.get(key, 0)
+
+    def fill_job(self, key: str, job: dict[str, Any] | None, seen: tuple[int, int]) -> bool:
+        """Take a TrainingJob read from the API server (None: it does not exist), unless the
+        watch delivered anything for it since `seen`: then the watch is as fresh or fresher."""
+        with self.lock:
+            if (self._job_relists, self._job_events.get(key, 0)) != seen:
+                return False
+            if job is None:
+                namespace, _, name = key.partition("/")
+                self.ledger.remove_job(namespace, name)
+            else:
+                self._set_job(job)
+            return True
+
+    def _count_job_event(self, job: dict[str, Any]) -> None:
+        meta = job.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        self._job_events[key] = self._job_events.get(key, 0) + 1
+
+    def _set_job(self, job: dict[str, Any]) -> None:
+        warning = self.ledger.set_job(job)
+        if warning:
+            log.warning(warning)
+        self._log_problems()
 
     # ----- assume / forget ------------------------------------------------------------------
 

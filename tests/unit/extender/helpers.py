@@ -111,13 +111,22 @@ def worker(
 class FakeBinder:
     """Records binds instead of calling the API server; can be told to fail."""
 
-    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self, pods: dict[str, dict[str, Any]], jobs: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         self.pods = pods
+        self.jobs = jobs or {}
+        self.job_reads: list[str] = []
         self.bound: list[tuple[str, str, tuple[int, ...]]] = []
         self.fail = False
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pods[f"{namespace}/{name}"])
+
+    def read_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.job_reads.append(f"{namespace}/{name}")
+        job = self.jobs.get(f"{namespace}/{name}")
+        return copy.deepcopy(job) if job is not None else None
 
     def record_and_bind(self, pod: dict[str, Any], node: str, gpus: tuple[int, ...]) -> None:
         from gangshare.extender.binder import BindError

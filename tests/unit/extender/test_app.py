@@ -3,7 +3,7 @@
 import json
 
 from fastapi.testclient import TestClient
-from helpers import FakeBinder, cache_with, gpu_pod, recorded
+from helpers import FakeBinder, cache_with, gpu_pod, recorded, trainingjob, worker
 
 from gangshare.core.clock import ManualClock
 from gangshare.extender.app import create_app, create_ops_app
@@ -232,3 +232,43 @@ def test_liveness_fails_when_a_watch_goes_silent():
     answer = ops.get("/healthz")
     assert answer.status_code == 503
     assert answer.json()["status"].startswith("trainingjobs watch has heard nothing")
+
+
+def filter_body(pod, nodes):
+    return {"Pod": pod, "NodeNames": nodes}
+
+
+def test_a_plan_the_watch_has_not_delivered_is_read_from_the_api_server():
+    cache = cache_with(H100)
+    pod = worker("llm", 0, 2)
+    client, binder = client_for(cache)
+    # No such job (yet, or any more): the worker is refused everywhere, with the reason.
+    refused = client.post("/filter", json=filter_body(pod, ["h100-0", "h100-1"])).json()
+    assert refused["NodeNames"] == [] and binder.job_reads == ["default/llm"]
+    assert "holds no plan for worker 0 of attempt 0 (yet)" in refused["FailedNodes"]["h100-0"]
+    # Committed but not watched yet: read through, so the worker need not wait for
+    # kube-scheduler's next retry of an unschedulable pod (minutes).
+    binder.jobs["default/llm"] = trainingjob("llm", [("h100-1", [4, 5])])
+    passed = client.post("/filter", json=filter_body(pod, ["h100-0", "h100-1"])).json()
+    assert passed["NodeNames"] == ["h100-1"]
+    assert cache.cluster.node("h100-1").free_guaranteed == 6
+    # Known now: no further read.
+    client.post("/filter", json=filter_body(pod, ["h100-0", "h100-1"]))
+    assert binder.job_reads == ["default/llm", "default/llm"]
+
+
+def test_a_read_through_never_overwrites_what_the_watch_delivered_meanwhile():
+    cache = cache_with(H100)
+    seen = cache.job_version("default/llm")
+    stale = trainingjob("llm", [("h100-0", [0, 1])])
+    # While the read was in flight the watch delivered the job released (Queued, no plan).
+    cache.upsert_job(trainingjob("llm", [("h100-0", [0, 1])], phase="Queued"))
+    assert not cache.fill_job("default/llm", stale, seen)
+    assert cache.ledger.job("default/llm") is None
+    assert cache.cluster.node("h100-0").free_guaranteed == 8
+    # A relist counts too.
+    seen = cache.job_version("default/llm")
+    cache.replace_jobs([])
+    assert not cache.fill_job("default/llm", stale, seen)
+    assert cache.fill_job("default/llm", stale, cache.job_version("default/llm"))
+    assert cache.cluster.node("h100-0").free_guaranteed == 6
