@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from gangshare.extender.barrier import BARRIER_SECONDS, wait_for_gang
 from gangshare.extender.binder import Binder, BindError
 from gangshare.extender.cache import ClusterCache
 from gangshare.extender.decisions import (
@@ -96,6 +97,7 @@ def create_app(
     trusted_peers: frozenset[str] | None = LOOPBACK,
     scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
     health: Health | None = None,
+    gang_barrier_seconds: float = BARRIER_SECONDS,
 ) -> FastAPI:
     app = FastAPI(
         title="gangshare scheduler extender", docs_url=None, redoc_url=None, openapi_url=None
@@ -203,7 +205,9 @@ def create_app(
                 "bind", started, {"Error": "binding is disabled in this extender"}, "error"
             )
         try:
-            error = await run_in_threadpool(_bind, cache, binder, args, scheduler_names)
+            error = await run_in_threadpool(
+                _bind, cache, binder, args, scheduler_names, gang_barrier_seconds
+            )
         except Exception as err:
             log.exception("bind %s failed", who)
             error = f"internal error: {err}"
@@ -284,6 +288,7 @@ def _bind(
     binder: Binder,
     args: ExtenderBindingArgs,
     scheduler_names: frozenset[str],
+    gang_barrier_seconds: float = BARRIER_SECONDS,
 ) -> str:
     """Pick GPUs, hold them on assumption, record them on the pod, bind. Returns an error or ''."""
     pod = cache.pod(args.PodNamespace, args.PodName)
@@ -309,6 +314,10 @@ def _bind(
         if not ask.gang:
             # A gang worker's GPUs are already its job's plan in the ledger; others are assumed.
             cache.assume(ask.owner, args.Node, gpus, ask.request)
+    if ask.gang:
+        waiting = wait_for_gang(cache, pod, gang_barrier_seconds)
+        if waiting is not None:
+            return f"gang not wholly ungated: {waiting}; not binding a part of it"
     try:
         binder.record_and_bind(pod, args.Node, gpus)
     except BindError as err:

@@ -272,3 +272,32 @@ def test_a_read_through_never_overwrites_what_the_watch_delivered_meanwhile():
     assert not cache.fill_job("default/llm", stale, seen)
     assert cache.fill_job("default/llm", stale, cache.job_version("default/llm"))
     assert cache.cluster.node("h100-0").free_guaranteed == 6
+
+
+def test_a_gang_worker_binds_only_once_every_sibling_exists_ungated():
+    cache = cache_with(H100)
+    cache.upsert_job(trainingjob("llm", [("h100-0", [0, 1]), ("h100-1", [0, 1])]))
+    first, second = worker("llm", 0, 2), worker("llm", 1, 2)
+    second["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
+    cache.upsert_pod(first)
+    binder = FakeBinder({})
+    app = create_app(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
+    client = TestClient(app, client=("127.0.0.1", 50000))
+    body = {"PodName": "llm-worker-0", "PodNamespace": "default", "PodUID": "uid-llm-worker-0"}
+
+    def bind() -> str:
+        return client.post("/bind", json={**body, "Node": "h100-0"}).json()["Error"]
+
+    assert bind() == (
+        "gang not wholly ungated: worker 1 of attempt 0 does not exist yet; "
+        "not binding a part of it"
+    )
+    cache.upsert_pod(second)
+    assert bind() == "gang not wholly ungated: worker 1 is still gated; not binding a part of it"
+    assert binder.bound == []
+    # A sibling of another attempt is not this gang's worker.
+    cache.upsert_pod(worker("llm", 1, 2, attempt=1))
+    assert "worker 1 of attempt 0 does not exist yet" in bind()
+    cache.upsert_pod(worker("llm", 1, 2))
+    assert bind() == ""
+    assert binder.bound == [("llm-worker-0", "h100-0", (0, 1))]

@@ -1,0 +1,59 @@
+"""The gang barrier at bind: a worker binds only once every worker of its gang exists ungated.
+
+The operator lifts a gang's scheduling gates in one pass, but that is one API call per pod:
+without the barrier the first worker could be bound while a sibling is still gated, a gang
+partly placed for a moment (and for longer if the operator stops between two calls). Like
+the coscheduling plugin's Permit stage, bind waits a short while for the siblings; kube-
+scheduler binds asynchronously, so the wait blocks no other pod's scheduling.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gangshare.extender.cache import ClusterCache
+from gangshare.kube.claims import worker_identity
+from gangshare.kube.trainingjob import worker_pod_name
+
+# Well inside kube-scheduler's extender httpTimeout (5 s by default).
+BARRIER_SECONDS = 2.0
+POLL_SECONDS = 0.01
+
+
+def gang_not_ready(cache: ClusterCache, pod: dict[str, Any]) -> str | None:
+    """Why the pod's gang is not wholly ungated yet; None when it is (or it is no gang)."""
+    who = worker_identity(pod)
+    if who is None:
+        return None
+    with cache.lock:
+        hold = cache.ledger.job(who.job)
+        if hold is None:
+            return f"TrainingJob {who.job} holds no plan"
+        namespace, _, job = who.job.partition("/")
+        for rank, _node, _gpus in hold.placement:
+            if rank == who.rank:
+                continue
+            sibling = cache.pod(namespace, worker_pod_name(job, rank))
+            same = worker_identity(sibling) if sibling is not None else None
+            if same is None or (same.job, same.uid, same.attempt) != (
+                who.job,
+                who.uid,
+                who.attempt,
+            ):
+                return f"worker {rank} of attempt {who.attempt} does not exist yet"
+            if (sibling.get("spec") or {}).get("schedulingGates"):  # type: ignore[union-attr]
+                return f"worker {rank} is still gated"
+    return None
+
+
+def wait_for_gang(
+    cache: ClusterCache, pod: dict[str, Any], seconds: float = BARRIER_SECONDS
+) -> str | None:
+    """None once the whole gang is ungated; the last reason if `seconds` pass first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        waiting = gang_not_ready(cache, pod)
+        if waiting is None or time.monotonic() >= deadline:
+            return waiting
+        time.sleep(POLL_SECONDS)
