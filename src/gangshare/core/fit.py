@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gangshare.core.constraints import (
@@ -89,42 +90,42 @@ def worker_capacity(
 
 def _room(node: NodeState, req: WorkerRequest, exclude: frozenset[int] = frozenset()) -> int:
     """worker_capacity for a node that already passed the static checks."""
-    gpus = _gpu_room(node, req, exclude)
-    if node.allocatable is None or gpus == 0:
-        return gpus
-    pods = resource_room(node.allocatable, node.requested, req.constraints.resource_map())
-    return gpus if pods is None else min(gpus, pods)
+    return _bounded_by_resources(node, req, _gpu_room(node, req, exclude), node.requested)
 
 
 def _gpu_room(node: NodeState, req: WorkerRequest, exclude: frozenset[int]) -> int:
     if req.guaranteed and not exclude and req.island_policy is not TopologyPolicy.REQUIRED:
         return node.free_guaranteed // req.gpus
-    usable = usable_gpus(node, req, exclude)
+    return _workers_on(node, req, usable_gpus(node, req, exclude))
+
+
+def _workers_on(node: NodeState, req: WorkerRequest, usable: Sequence[int]) -> int:
+    """Workers of `req` that fit on these GPUs, inside one island each when Required."""
     if req.island_policy is not TopologyPolicy.REQUIRED:
         return len(usable) // req.gpus
     usable_set = set(usable)
     return sum(sum(1 for i in island if i in usable_set) // req.gpus for island in node.islands)
 
 
+def _bounded_by_resources(
+    node: NodeState, req: WorkerRequest, workers: int, requested: Mapping[str, int]
+) -> int:
+    if node.allocatable is None or workers == 0:
+        return workers
+    pods = resource_room(node.allocatable, requested, req.constraints.resource_map())
+    return workers if pods is None else min(workers, pods)
+
+
 def capacity_if_empty(node: NodeState, req: WorkerRequest) -> int:
-    """Workers of `req` the node could hold with nothing else on it: what the planner's room
-    is on an empty node, so it decides whether a gang can ever fit (0: the node does not match)."""
-    if static_rejection(node, req) is not None:
-        return 0
+    """Workers of `req` a node that passed the static checks could hold with nothing else on
+    it: the planner's room on an empty node, to decide whether a gang can ever fit."""
     memory = req.opportunistic_memory_mib
-    ok = {
+    healthy = [
         g.index
         for g in node.gpus
         if g.gpu.healthy and (req.guaranteed or (g.share_slots >= 1 and g.gpu.memory_mib >= memory))
-    }
-    if req.island_policy is TopologyPolicy.REQUIRED:
-        gpus = sum(sum(1 for i in island if i in ok) // req.gpus for island in node.islands)
-    else:
-        gpus = len(ok) // req.gpus
-    if node.allocatable is None or gpus == 0:
-        return gpus
-    pods = resource_room(node.allocatable, {}, req.constraints.resource_map())
-    return gpus if pods is None else min(gpus, pods)
+    ]
+    return _bounded_by_resources(node, req, _workers_on(node, req, healthy), {})
 
 
 def filter_worker(node: NodeState, req: WorkerRequest) -> Rejection | None:

@@ -115,9 +115,9 @@ def never_fits(cluster: Cluster, gang: GangRequest) -> str | None:
     largest = 0
     reasons: dict[str, int] = {}
     for node in cluster.nodes.values():
-        room = capacity_if_empty(node, req)
+        rejection = static_rejection(node, req)
+        room = 0 if rejection is not None else capacity_if_empty(node, req)
         if room == 0:
-            rejection = static_rejection(node, req)
             reason = rejection.reason if rejection else "too little room for one worker"
             reasons[reason] = reasons.get(reason, 0) + 1
             continue

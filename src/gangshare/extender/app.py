@@ -145,9 +145,7 @@ def create_app(
         names = args.node_names()
         pod = args.Pod.model_dump()
         try:
-            with cache.lock:
-                ask = pod_ask(pod, cache.ledger)
-            if ask is not None and ask.unplanned is not None and binder is not None:
+            if binder is not None and plan_unseen(cache, pod):
                 # The plan may be committed but not yet watched: read it, do not wait minutes
                 # for kube-scheduler to retry an unschedulable pod.
                 await run_in_threadpool(read_plan_through, cache, binder, pod)
@@ -265,6 +263,15 @@ def bind_refusal(pod: dict[str, Any], scheduler_names: frozenset[str]) -> str | 
     if meta.get("deletionTimestamp"):
         return f"pod {name} is being deleted"
     return None
+
+
+def plan_unseen(cache: ClusterCache, pod: dict[str, Any]) -> bool:
+    """A pod that names itself a gang worker whose plan the ledger does not hold."""
+    who = worker_identity(pod)
+    if who is None:
+        return False
+    with cache.lock:
+        return cache.ledger.current_hold(who) is None
 
 
 def read_plan_through(cache: ClusterCache, binder: Binder, pod: dict[str, Any]) -> bool:

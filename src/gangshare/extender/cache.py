@@ -19,7 +19,7 @@ from gangshare.core.clock import Clock
 from gangshare.core.job import WorkerRequest
 from gangshare.core.node import NodeState
 from gangshare.extender.decisions import NodeMemo
-from gangshare.kube.claims import gpu_request, pod_owner
+from gangshare.kube.claims import gpu_request, job_key, pod_owner
 from gangshare.kube.ledger import Ledger
 from gangshare.kube.snapshot import decode_api_node
 
@@ -179,8 +179,7 @@ class ClusterCache:
             return True
 
     def _count_job_event(self, job: dict[str, Any]) -> None:
-        meta = job.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = job_key(job)
         self._job_events[key] = self._job_events.get(key, 0) + 1
 
     def _set_job(self, job: dict[str, Any]) -> None:

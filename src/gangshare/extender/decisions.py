@@ -92,9 +92,9 @@ def pod_ask(pod: dict[str, Any], ledger: Ledger) -> PodAsk | None:
     who = worker_identity(pod)
     if who is None:
         return PodAsk(owner, request)
-    hold = ledger.job(who.job)
+    hold = ledger.current_hold(who)
     plan = hold.plan_of(who.rank) if hold is not None else None
-    if hold is None or plan is None or hold.uid != who.uid or hold.attempt != who.attempt:
+    if hold is None or plan is None:
         return PodAsk(
             owner,
             request,

@@ -101,6 +101,12 @@ def pod_owner(namespace: str, name: str) -> str:
     return f"pod:{namespace}/{name}"
 
 
+def job_key(job: dict[str, Any]) -> str:
+    """A TrainingJob's key in the ledger: namespace/name."""
+    meta = job.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
 def gpu_request(pod: dict[str, Any]) -> tuple[ServiceClass, int] | None:
     """(class, GPUs) a pod asks for: whole GPUs are Guaranteed, share slots Opportunistic."""
     whole = share = 0
@@ -185,7 +191,7 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     if status.get("phase") not in HOLDING_PHASES or not status.get("placement"):
         return None, None
-    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    key = job_key(job)
     try:
         service_class = ServiceClass(spec.get("serviceClass", "Guaranteed"))
         memory = None

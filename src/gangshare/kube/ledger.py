@@ -27,7 +27,9 @@ from gangshare.kube.claims import (
     ClaimKind,
     JobHold,
     PodFacts,
+    WorkerIdentity,
     job_hold,
+    job_key,
     pod_facts,
     pod_owner,
 )
@@ -71,15 +73,16 @@ class Ledger:
             if (claim := self._claims.get(owner)) is None or claim.kind is not ClaimKind.PLAN
         ]
 
-    def verified_worker(self, facts: PodFacts) -> JobHold | None:
-        """The admitted job this pod really is a current worker of, else None."""
-        who = facts.identity
-        if who is None:
-            return None
+    def current_hold(self, who: WorkerIdentity) -> JobHold | None:
+        """The admitted job whose current, planned worker `who` names itself, else None."""
         hold = self._jobs.get(who.job)
         if hold is None or hold.uid != who.uid or hold.attempt != who.attempt:
             return None
         return hold if hold.plan_of(who.rank) is not None else None
+
+    def verified_worker(self, facts: PodFacts) -> JobHold | None:
+        """The admitted job this pod really is a current worker of, else None."""
+        return self.current_hold(facts.identity) if facts.identity is not None else None
 
     def pod(self, owner: str) -> PodFacts | None:
         return self._pods.get(owner)
@@ -119,8 +122,7 @@ class Ledger:
         with self.batch():
             seen = set()
             for job in jobs:
-                meta = job.get("metadata") or {}
-                seen.add(f"{meta.get('namespace')}/{meta.get('name')}")
+                seen.add(job_key(job))
                 warning = self.set_job(job)
                 if warning:
                     warnings.append(warning)
@@ -169,10 +171,8 @@ class Ledger:
         self._replace_pod(owner, None)
 
     def set_job(self, job: dict[str, Any]) -> str | None:
-        meta = job.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
         hold, warning = job_hold(job)
-        self._replace_job(key, hold)
+        self._replace_job(job_key(job), hold)
         return warning
 
     def remove_job(self, namespace: str, name: str) -> None:

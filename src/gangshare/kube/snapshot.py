@@ -18,7 +18,7 @@ from gangshare.core.cluster import Cluster
 from gangshare.core.job import ServiceClass
 from gangshare.core.node import NodeState
 from gangshare.core.queueing import RunningJob
-from gangshare.kube.claims import HOLDING_PHASES
+from gangshare.kube.claims import HOLDING_PHASES, job_key
 from gangshare.kube.ledger import Ledger
 from gangshare.kube.scheduling import node_allocatable, node_taints, requests_by_node
 
@@ -69,11 +69,7 @@ def running_jobs(jobs: Iterable[dict[str, Any]], default_runtime: float) -> list
     """Jobs holding GPUs, with when each is expected to end (backfill and quota usage)."""
     running = []
     for job in jobs:
-        meta, spec, status = (
-            job.get("metadata") or {},
-            job.get("spec") or {},
-            job.get("status") or {},
-        )
+        spec, status = job.get("spec") or {}, job.get("status") or {}
         if status.get("phase") not in HOLDING_PHASES or not status.get("placement"):
             continue
         gpus = sum(len(w.get("gpus") or []) for w in status["placement"])
@@ -85,7 +81,7 @@ def running_jobs(jobs: Iterable[dict[str, Any]], default_runtime: float) -> list
         )
         running.append(
             RunningJob(
-                f"{meta.get('namespace')}/{meta.get('name')}",
+                job_key(job),
                 str(spec.get("queue", "default")),
                 gpus,
                 ServiceClass(spec.get("serviceClass", "Guaranteed")),
