@@ -299,7 +299,12 @@ def _bind(
 ) -> str:
     """Pick GPUs, hold them on assumption, record them on the pod, bind. Returns an error or ''."""
     pod = cache.pod(args.PodNamespace, args.PodName)
-    if pod is None or (args.PodUID and pod["metadata"].get("uid") != args.PodUID):
+    if (
+        pod is None
+        or (args.PodUID and pod["metadata"].get("uid") != args.PodUID)
+        # kube-scheduler binds only pods it saw ungated: a gated copy is one behind.
+        or (pod.get("spec") or {}).get("schedulingGates")
+    ):
         pod = binder.read_pod(args.PodNamespace, args.PodName)  # the watch has not caught up
     if args.PodUID and pod["metadata"].get("uid") != args.PodUID:
         return f"pod {args.PodNamespace}/{args.PodName} was replaced (uid changed); not binding"

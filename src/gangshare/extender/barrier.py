@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from gangshare.extender.cache import ClusterCache
-from gangshare.kube.claims import pod_owner, worker_identity
+from gangshare.kube.claims import worker_identity
 from gangshare.kube.trainingjob import worker_pod_name
 
 # Well inside kube-scheduler's extender httpTimeout (5 s by default).
@@ -34,11 +34,11 @@ def gang_not_ready(cache: ClusterCache, pod: dict[str, Any]) -> str | None:
         for rank, _node, _gpus in hold.placement:
             if rank == who.rank:
                 continue
-            name = worker_pod_name(job, rank)
-            facts = cache.ledger.pod(pod_owner(namespace, name))
-            if facts is None or cache.ledger.verified_worker(facts) is not hold:
+            # The pod as last watched, finished or not: a sibling that already ran counts.
+            sibling = cache.pod(namespace, worker_pod_name(job, rank))
+            same = worker_identity(sibling) if sibling is not None else None
+            if sibling is None or same is None or cache.ledger.current_hold(same) is not hold:
                 return f"worker {rank} of attempt {who.attempt} does not exist yet"
-            sibling = cache.pod(namespace, name) or {}
             if (sibling.get("spec") or {}).get("schedulingGates"):
                 return f"worker {rank} is still gated"
     return None

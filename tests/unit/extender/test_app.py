@@ -301,3 +301,30 @@ def test_a_gang_worker_binds_only_once_every_sibling_exists_ungated():
     cache.upsert_pod(worker("llm", 1, 2))
     assert bind() == ""
     assert binder.bound == [("llm-worker-0", "h100-0", (0, 1))]
+
+
+def test_a_sibling_that_already_ran_to_completion_does_not_hold_its_gang_back():
+    cache = cache_with(H100)
+    cache.upsert_job(trainingjob("llm", [("h100-0", [0, 1]), ("h100-1", [0, 1])]))
+    cache.upsert_pod(worker("llm", 0, 2))
+    # Worker 1 was bound first and has finished (its GPUs are no longer held).
+    done = worker("llm", 1, 2, node="h100-1")
+    done["status"]["phase"] = "Succeeded"
+    cache.upsert_pod(done)
+    binder = FakeBinder({})
+    app = create_app(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
+    client = TestClient(app, client=("127.0.0.1", 50000))
+    body = {"PodName": "llm-worker-0", "PodNamespace": "default", "PodUID": "uid-llm-worker-0"}
+    assert client.post("/bind", json={**body, "Node": "h100-0"}).json()["Error"] == ""
+    assert binder.bound == [("llm-worker-0", "h100-0", (0, 1))]
+
+
+def test_a_gated_copy_in_the_cache_is_read_again_before_bind_refuses():
+    cache = cache_with({"nodePools": [{"name": "n", "count": 1, "gpusPerNode": 4}]})
+    stale = gpu_pod("late", 1)
+    stale["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
+    cache.upsert_pod(stale)
+    client, binder = client_for(cache, {"default/late": gpu_pod("late", 1)})
+    body = {"PodName": "late", "PodNamespace": "default", "PodUID": "uid-late", "Node": "n-0"}
+    assert client.post("/bind", json=body).json()["Error"] == ""
+    assert [name for name, _node, _gpus in binder.bound] == ["late"]
