@@ -4,6 +4,9 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
+# The kubelet API stubs are build output of `make protos` (scripts/gen-kubelet-api.sh).
+RUN test -f src/gangshare/agent/kubeletapi/deviceplugin_pb2.py \
+    || { echo "run 'make protos' before building the image" >&2; exit 1; }
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo
+.PHONY: test protos lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo
 
 # The virtual environment is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -20,25 +20,36 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) protos
 	$(BIN)/mypy
 
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) protos
 	$(BIN)/pytest tests/unit -q
+
+# The kubelet device-plugin and PodResources gRPC stubs, generated from k8s.io/kubelet's
+# api.proto (Go module proxy) into src/gangshare/agent/kubeletapi/ (git-ignored build output).
+protos: $(STAMP)
+	bash scripts/gen-kubelet-api.sh $(BIN)/python
 
 # Kubernetes binaries from Go modules, cached by version outside the repo (cold: long; warm: instant).
 k8s:
 	bash scripts/build-k8s.sh
 
+# containerd, runc, CNI plugins and busybox for the real kubelet node of the e2e tests
+# (src/gangshare/dev/realnode.py); installs only what is missing, needs root then.
+.PHONY: node-deps
+node-deps:
+	bash scripts/install-node-deps.sh
+
 # The full suite: static checks, the purity contract, then every test (unit, integration, e2e).
-test: lint typecheck contracts k8s
+test: protos lint typecheck contracts k8s node-deps
 	$(BIN)/pytest -q
 
 # The newcomer's first command: local cluster, operator, sample jobs, status table until done.
-demo: $(STAMP) k8s
+demo: $(STAMP) protos k8s
 	$(BIN)/gangshare demo
 
 dev-up: $(STAMP) k8s
@@ -74,7 +85,7 @@ RELEASE_NAMESPACE ?= gangshare-system
 
 .PHONY: kind-up kind-down helm-template
 
-kind-up:
+kind-up: protos
 	$(KIND) create cluster --name $(KIND_CLUSTER) --config deploy/kind/cluster.yaml \
 		$(if $(KIND_IMAGE),--image $(KIND_IMAGE)) --wait 120s
 	docker build -t gangshare:dev .

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes control-plane components (plus etcd, kwok, helm)
-# from Go modules, into a per-version cache folder OUTSIDE the repository.
+# Build the real Kubernetes components (control plane, kubectl, kubelet; plus etcd,
+# kwok, helm) from Go modules, into a per-version cache folder OUTSIDE the repository.
 #
 # Why this exists: gangshare's integration tests need a real kube-apiserver /
 # scheduler / controller-manager, but this project must never commit binaries,
@@ -49,7 +49,7 @@ ETCD_MODULE="go.etcd.io/etcd/server/v3"
 KWOK_MODULE="sigs.k8s.io/kwok"
 HELM_MODULE="helm.sh/helm/v3"
 
-K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet)
 ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm)
 
 CACHE_ROOT="${GANGSHARE_CACHE:-$HOME/.cache/gangshare}"
@@ -83,7 +83,7 @@ die() { log "ERROR: $*"; exit 1; }
 stamp_value() {
     local mv
     case "$1" in
-        kube-*|kubectl) mv="${K8S_MODULE}@${K8S_VERSION}" ;;
+        kube-*|kubectl|kubelet) mv="${K8S_MODULE}@${K8S_VERSION}" ;;
         etcd) mv="${ETCD_MODULE}@${ETCD_VERSION}" ;;
         kwok) mv="${KWOK_MODULE}@${KWOK_VERSION}" ;;
         helm) mv="${HELM_MODULE}@${HELM_VERSION}" ;;
@@ -243,7 +243,8 @@ go_build() {
     log "$(printf '%-24s built in %5ss' "${name}" "$(( $(date +%s) - start ))")"
 }
 
-# --- Kubernetes: kube-apiserver, kube-scheduler, kube-controller-manager, kubectl
+# --- Kubernetes: kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
+# kubelet (only src/gangshare/dev/realnode.py runs it; static like the rest)
 build_k8s() {
     local need=() b
     for b in "${K8S_BINARIES[@]}"; do

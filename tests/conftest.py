@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gangshare.dev.realnode import RealNode
 from kube import Kube, new_namespace, start_session_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,20 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     finally:
         survivors = cluster.down()
         assert survivors == [], f"components survived teardown: {survivors}"
+
+
+@pytest.fixture(scope="module")
+def real_node(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """A real kubelet and containerd beside the session cluster, per test module (up in about
+    1.5 s), so no other module's tests see it. Needs root and scripts/install-node-deps.sh
+    (make test runs it)."""
+    node = RealNode(tmp_path_factory.mktemp("real-node"), kube.bins, Path(kube.state.kubeconfig))
+    node.up()
+    try:
+        yield node
+    finally:
+        left = node.down()
+        assert left == [], f"the real node left behind: {left}"
 
 
 @pytest.fixture

@@ -124,7 +124,26 @@ def eventually(
     )
 
 
-class OperatorProcess:
+class ChildProcess:
+    """A gangshare command the test started; SIGKILL or SIGTERM it at will."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class OperatorProcess(ChildProcess):
     """`gangshare operator` as a real process against the session cluster, killable at will."""
 
     def __init__(
@@ -171,19 +190,6 @@ class OperatorProcess:
             argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
         return self
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
     def logs(self) -> str:
         return "\n".join(

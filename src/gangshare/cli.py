@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from gangshare import __version__
+from gangshare.agent.main import add_agent_command
 from gangshare.demo import add_demo_command
 from gangshare.dev.cli import add_dev_command
 from gangshare.extender.main import add_extender_command
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_command(commands)
     add_operator_command(commands)
     add_extender_command(commands)
+    add_agent_command(commands)
     add_demo_command(commands)
     return parser
 

@@ -16,6 +16,9 @@ REQUIRED = (
     "kube-controller-manager",
     "kube-scheduler",
     "kubectl",
+    # Only the optional real node (realnode.py) runs it, but the build script treats it like
+    # the rest, so a missing kubelet counts as an incomplete build here too.
+    "kubelet",
     "kwok",
     "helm",
 )

@@ -14,6 +14,7 @@ import yaml
 from gangshare.core.spec import NodeSpec, SpecError, parse_cluster_spec
 from gangshare.dev import binaries, processes
 from gangshare.dev.cluster import ClusterError, ClusterState, LocalCluster
+from gangshare.dev.realnode import RealNode, RealNodeError
 
 
 def default_root() -> Path:
@@ -57,6 +58,12 @@ def add_dev_command(commands: Any) -> None:
                 "--cluster", type=Path, default=None, help="cluster spec YAML (default: demo)"
             )
             action.add_argument("--timeout", type=float, default=180.0)
+            action.add_argument(
+                "--real-node",
+                action="store_true",
+                help="also run a real kubelet and containerd node (needs root and "
+                "scripts/install-node-deps.sh); tainted gangshare.io/real-node=true:NoSchedule",
+            )
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -72,14 +79,29 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _real_node_root(root: Path) -> Path:
+    return root / "real-node"
+
+
 def run_up(args: argparse.Namespace) -> int:
     try:
         nodes = load_nodes(args.cluster)
-        cluster = LocalCluster(_root(args), binaries.bin_dir(build=True), attached=False)
+        bins = binaries.bin_dir(build=True)
+        cluster = LocalCluster(_root(args), bins, attached=False)
         state = cluster.up(nodes, timeout=args.timeout)
     except (SpecError, ClusterError, binaries.BinariesError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    if args.real_node:
+        real = RealNode(_real_node_root(_root(args)), bins, Path(state.kubeconfig), attached=False)
+        try:
+            real.up(timeout=args.timeout)
+        except RealNodeError as err:
+            # All or nothing: a cluster without the node asked for would only mislead.
+            cluster.down()
+            print(f"error: real node: {err}", file=sys.stderr)
+            return 1
+        print(f"real node {real.name} up (kubelet, containerd); logs: {real.layout.logs}")
     print(f"local cluster up: {len(state.nodes)} GPU nodes, API server {state.server}")
     print(f"  export KUBECONFIG={state.kubeconfig}")
     print(f"  logs: {state.logs}")
@@ -88,6 +110,14 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
+    # The real node first: deleting its Node object needs the API server.
+    real = RealNode.recorded(_real_node_root(_root(args)))
+    if real is not None:
+        left = real.down()
+        if left:
+            print(f"error: the real node left behind: {', '.join(left)}", file=sys.stderr)
+            return 1
+        print(f"real node {real.name} stopped")
     cluster = LocalCluster(_root(args), Path(), attached=False)
     if not cluster.layout.state.exists():
         print("no local cluster is running")
@@ -118,4 +148,10 @@ def run_status(args: argparse.Namespace) -> int:
         down += not alive
         print(f"  {name:<26} pid {pid:<8} {'running' if alive else 'NOT RUNNING'}")
     print(f"  {len(state.nodes)} simulated GPU nodes; logs in {state.logs}")
+    real = RealNode.recorded(_real_node_root(_root(args)))
+    for child in real.children.values() if real is not None else []:
+        alive = child.alive()
+        down += not alive
+        label = f"real node {child.name}"
+        print(f"  {label:<26} pid {child.pid:<8} {'running' if alive else 'NOT RUNNING'}")
     return 1 if down else 0

@@ -47,6 +47,17 @@ def test_foreign_gpu_pods_hold_gpus_on_their_node():
     assert snapshot.cluster.node("n-1").free_guaranteed == 1
 
 
+def test_the_kubelets_assignment_is_the_truth_and_the_plan_only_a_plan():
+    moved = pod("other", 0, phase="Running", node="n-1", gpus=2)
+    moved["metadata"]["labels"] = {}
+    moved["metadata"]["annotations"] = {
+        "gangshare.io/planned-gpus": "0,1",
+        "gangshare.io/assigned-gpus": "2,3",  # what the node agent read from PodResources
+    }
+    node = build_snapshot(nodes(SPEC), [moved], []).cluster.node("n-1")
+    assert [g.index for g in node.gpus if g.guaranteed is not None] == [2, 3]
+
+
 def test_pods_of_an_admitted_job_are_not_counted_twice():
     job = (
         make_job("a")

@@ -1,0 +1,214 @@
+"""The node agent: one process per GPU node that keeps the kubelet, the Node and the pods true.
+
+Three loops share one view of the node:
+- health: waits on the backend's health events; a failed GPU turns Unhealthy in both device
+  plugins (the kubelet drops it from allocatable) and in the Node's topology;
+- publish: GPU labels, topology and rate-limited utilization on the Node;
+- read back: PodResources → `gangshare.io/assigned-gpus` on each pod, and re-registration
+  when the kubelet restarts.
+Nothing is kept that cannot be rebuilt: a restarted agent reads PodResources and the API
+server again, registers again and republishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gangshare.agent.assignments import DIFFERS_FROM_PLAN, detect_assignments
+from gangshare.agent.backend import GpuBackend, GpuSample
+from gangshare.agent.devices import RESOURCES, DeviceMap
+from gangshare.agent.nodeapi import POD_LIST_TIMEOUT, NodeApi
+from gangshare.agent.plan import plan_for_request
+from gangshare.agent.plugin import DevicePlugin
+from gangshare.agent.podresources import PodDevices, PodResourcesClient, allocated_devices
+from gangshare.agent.preference import observed_node
+from gangshare.agent.publish import UtilizationGate, topology_patch
+from gangshare.core.annotations import encode_gpu_indices
+from gangshare.core.node import NodeState
+
+log = logging.getLogger("gangshare.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    plugin_dir: Path
+    pod_resources: Path
+    socket_dir: Path | None
+    share_slots: int
+    publish_interval: float
+    tick: float = 1.0
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: GpuBackend,
+        api: NodeApi,
+        podresources: PodResourcesClient,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.api = api
+        self.podresources = podresources
+        self.clock = clock
+        self.devices = DeviceMap(backend.inventory(), config.share_slots)
+        self.socket_dir = str(config.socket_dir) if config.socket_dir else None
+        self.plugins = [DevicePlugin(r, self, config.plugin_dir) for r in RESOURCES]
+        self.gate = UtilizationGate(config.publish_interval)
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._unhealthy: dict[int, str] = {}
+        self._samples: list[GpuSample] = []
+        self._kubelet: dict[tuple[str, str], PodDevices] = {}
+        self._topology_dirty = True
+
+    # ----- NodeView, asked by the device plugins ------------------------------------------
+
+    def unhealthy(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._unhealthy)
+
+    def node_for(self, resource: str) -> NodeState:
+        with self._lock:
+            allocated = allocated_devices(self._kubelet.values())
+            samples = list(self._samples)
+        return observed_node(self.config.node, self.devices, self.unhealthy(), samples, allocated)
+
+    def plan_for(self, resource: str, size: int) -> tuple[int, ...] | None:
+        try:
+            pods = self.api.pods_on_node(POD_LIST_TIMEOUT)
+        except Exception as err:  # a slow API server must not fail the kubelet's admission
+            log.warning("no plan lookup for %s x%d: %s", resource, size, err)
+            return None
+        with self._lock:
+            admitted = set(self._kubelet)
+        return plan_for_request(pods, admitted, resource, size)
+
+    def allocated(self) -> None:
+        self.wake.set()
+
+    # ----- loops --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        health = threading.Thread(target=self._health_loop, name="health", daemon=True)
+        health.start()
+        try:
+            while not self.stopping.is_set():
+                self.step()
+                self.wake.wait(self.config.tick)
+                if self.wake.is_set():
+                    # An Allocate just happened: PodResources shows it once the container is
+                    # created, so look again shortly.
+                    self.wake.clear()
+                    self.stopping.wait(0.3)
+        finally:
+            self.stopping.set()
+            for plugin in self.plugins:
+                plugin.stop()
+            self.backend.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    def step(self) -> None:
+        """One pass: plugins served and registered, the Node published, assignments read back."""
+        for name, action in (
+            ("device plugins", self._serve_plugins),
+            ("node", self._publish),
+            ("assignments", self._read_back),
+        ):
+            try:
+                action()
+            except Exception as err:  # one failing part must not stop the others
+                log.warning("%s: %s", name, err)
+
+    def _health_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                events = self.backend.health_events(1.0)
+            except Exception as err:
+                log.warning("health events: %s", err)
+                self.stopping.wait(1.0)
+                continue
+            fresh = False
+            with self._lock:
+                for event in events:
+                    if event.index not in self._unhealthy:
+                        self._unhealthy[event.index] = event.reason
+                        fresh = True
+                        log.error("GPU %d marked unhealthy: %s", event.index, event.reason)
+                if fresh:
+                    self._topology_dirty = True
+            if fresh:
+                for plugin in self.plugins:
+                    plugin.notify()
+                self.wake.set()
+
+    def _serve_plugins(self) -> None:
+        for plugin in self.plugins:
+            if plugin.needs_restart():
+                log.info("serving and registering %s", plugin.resource)
+                plugin.start()
+
+    def _publish(self) -> None:
+        samples = self.backend.samples()
+        with self._lock:
+            self._samples = samples
+            dirty = self._topology_dirty
+        if dirty:
+            node = self.api.read_node()
+            meta = node.get("metadata") or {}
+            patch = topology_patch(
+                self.devices.inventory,
+                self.unhealthy(),
+                self.config.share_slots,
+                meta.get("labels") or {},
+                meta.get("annotations") or {},
+            )
+            if patch is not None:
+                self.api.patch_node(patch)
+                log.info("published GPU topology on node %s", self.config.node)
+            with self._lock:
+                self._topology_dirty = False
+        utilization = self.gate.patch_if_due(self.clock(), samples)
+        if utilization is not None:
+            self.api.patch_node(utilization)
+
+    def _read_back(self) -> None:
+        kubelet = self.podresources.list()
+        with self._lock:
+            self._kubelet = kubelet
+        if not kubelet:
+            return
+        for change in detect_assignments(self.devices, kubelet, self.api.pods_on_node()):
+            indices = encode_gpu_indices(change.indices)
+            if not self.api.record_assignment(change.namespace, change.name, change.uid, indices):
+                continue
+            log.info("%s/%s: assigned GPUs %s", change.namespace, change.name, indices)
+            if change.differs_from_plan:
+                self.api.pod_event(
+                    change.namespace,
+                    change.name,
+                    change.uid,
+                    "Warning",
+                    DIFFERS_FROM_PLAN,
+                    change.event_message(),
+                )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "node": self.config.node,
+            "gpus": len(self.devices.inventory.gpus),
+            "unhealthy": dict(self._unhealthy),
+        }

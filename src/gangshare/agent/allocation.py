@@ -1,0 +1,52 @@
+"""Allocate: what a container gets for the device IDs the kubelet chose.
+
+The kubelet never says which pod it is allocating for, so the answer is built from the device
+IDs alone: the visible-devices variable, the device files on a real node, default caps for
+share slots (the local coordinator moves them later through the agent's socket), and a
+read-only mount of the agent's socket folder for the training SDK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gangshare.agent.devices import DeviceMap
+from gangshare.core.annotations import SHARE_RESOURCE
+
+CONTAINER_SOCKET_DIR = "/var/run/gangshare"
+SOCKET_NAME = "agent.sock"
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    envs: dict[str, str]
+    mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # container, host, ro
+    devices: list[tuple[str, str, str]] = field(default_factory=list)  # container, host, perms
+
+
+def allocate_container(
+    resource: str, devices: DeviceMap, device_ids: list[str], socket_dir: str | None
+) -> ContainerAllocation:
+    """The response for one container; DeviceError names any ID this agent never offered."""
+    by_index = {}
+    for device_id in device_ids:
+        gpu = devices.gpu_of(resource, device_id)
+        by_index[gpu.index] = gpu
+    chosen = [by_index[i] for i in sorted(by_index)]
+    envs = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
+        "GANGSHARE_NODE_GPUS": ",".join(str(g.index) for g in chosen),
+        "GANGSHARE_DEVICE_RESOURCE": resource,
+    }
+    if resource == SHARE_RESOURCE:
+        slots = devices.share_slots
+        envs["GANGSHARE_MEMORY_CAP_MIB"] = str(min(g.memory_mib for g in chosen) // slots)
+        envs["GANGSHARE_SM_CAP"] = f"{1 / slots:.4f}"
+    mounts = []
+    if socket_dir:
+        envs["GANGSHARE_AGENT_SOCKET"] = f"{CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"
+        mounts.append((CONTAINER_SOCKET_DIR, socket_dir, True))
+    paths = [p for g in chosen for p in g.device_paths]
+    if paths:
+        paths.extend(devices.inventory.control_paths)
+    return ContainerAllocation(envs, mounts, [(p, p, "rw") for p in paths])

@@ -1,0 +1,76 @@
+"""The agent's door to the API server: its own Node, the pods bound to it, their events."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gangshare.core.annotations import POD_ASSIGNED_GPUS
+
+log = logging.getLogger("gangshare.agent")
+REPORTING_CONTROLLER = "gangshare.io/agent"
+# Kept short: GetPreferredAllocation reads pods while the kubelet waits on it.
+POD_LIST_TIMEOUT = (2.0, 3.0)
+
+
+class NodeApi:
+    def __init__(self, api_client: client.ApiClient, node: str) -> None:
+        self.node = node
+        self.core = client.CoreV1Api(api_client)
+        self.events = client.EventsV1Api(api_client)
+        self.instance = f"{node}/{socket.gethostname()}"
+
+    def read_node(self) -> dict[str, Any]:
+        return cast(
+            dict[str, Any],
+            self.core.api_client.sanitize_for_serialization(self.core.read_node(self.node)),
+        )
+
+    def patch_node(self, patch: dict[str, Any]) -> None:
+        self.core.patch_node(self.node, patch)
+
+    def pods_on_node(self, timeout: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+        response = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", _request_timeout=timeout
+        )
+        items: list[dict[str, Any]] = self.core.api_client.sanitize_for_serialization(response)[
+            "items"
+        ]
+        return items
+
+    def record_assignment(self, namespace: str, name: str, uid: str, indices: str) -> bool:
+        """Write the assigned GPUs on the pod; False when the pod is gone or was replaced."""
+        patch = {"metadata": {"uid": uid, "annotations": {POD_ASSIGNED_GPUS: indices}}}
+        try:
+            self.core.patch_namespaced_pod(name, namespace, patch)
+        except ApiException as err:
+            if err.status in (404, 409, 422):
+                return False
+            raise
+        return True
+
+    def pod_event(
+        self, namespace: str, name: str, uid: str, kind: str, reason: str, message: str
+    ) -> None:
+        event = client.EventsV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}-", namespace=namespace),
+            event_time=datetime.now(UTC),
+            type=kind,
+            reason=reason,
+            note=message[:1024],
+            action="AssignGPUs",
+            reporting_controller=REPORTING_CONTROLLER,
+            reporting_instance=self.instance,
+            regarding=client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=name, namespace=namespace, uid=uid
+            ),
+        )
+        try:
+            self.events.create_namespaced_event(namespace, event)
+        except ApiException as err:
+            log.warning("event %s for %s/%s refused: %s", reason, namespace, name, err.reason)

@@ -1,0 +1,126 @@
+"""The real node's only container image, built locally: no registry is reachable from here.
+
+A docker-archive tarball (what `docker save` writes) with one layer: Debian's static busybox
+and a symlink per applet. `ctr images import` takes it as is. The same image is the pod
+sandbox ("pause") image, so nothing is ever pulled and the kubelet's image GC leaves it
+alone (containerd pins the sandbox image).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+IMAGE = "gangshare-test:1"
+# `ctr images import` stores a short name the way the CRI resolves it for a pod's `image:`.
+IMAGE_REF = f"docker.io/library/{IMAGE}"
+BUSYBOX = Path("/bin/busybox")
+# Part of the cache key: bump when the layout below changes.
+RECIPE = "1"
+# Fixed, so the same busybox always gives the same bytes (and the same image ID).
+EPOCH = 0
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("GANGSHARE_CACHE") or str(Path.home() / ".cache" / "gangshare")
+    return Path(base) / "images"
+
+
+def image_tarball(busybox: Path = BUSYBOX) -> Path:
+    """The image as a docker-archive, built once per busybox binary and cached."""
+    try:
+        binary = busybox.read_bytes()
+    except OSError as err:
+        raise ImageError(
+            f"cannot read {busybox} ({err}): run scripts/install-node-deps.sh (busybox-static)"
+        ) from None
+    key = hashlib.sha256(binary + RECIPE.encode()).hexdigest()[:16]
+    path = cache_dir() / f"gangshare-test-{key}.tar"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".partial.{os.getpid()}")
+    partial.write_bytes(_archive(binary, _applets(busybox)))
+    # Atomic, so a concurrent or interrupted build never leaves half a tarball under the key.
+    partial.replace(path)
+    return path
+
+
+def _applets(busybox: Path) -> list[str]:
+    listed = subprocess.run(
+        [str(busybox), "--list"], capture_output=True, text=True, check=False, timeout=10
+    )
+    if listed.returncode != 0:
+        raise ImageError(f"{busybox} --list failed: {listed.stderr.strip()}")
+    names = {n for n in listed.stdout.split() if n and "/" not in n}
+    return sorted(names - {"busybox"})
+
+
+def _archive(binary: bytes, applets: list[str]) -> bytes:
+    layer = _layer(binary, applets)
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            # What the pod sandbox runs; test containers bring their own command.
+            "Cmd": ["sleep", "1000000"],
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
+    manifest = [{"Config": config_name, "RepoTags": [IMAGE], "Layers": [layer_name]}]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        _add_file(tar, config_name, config_bytes)
+        _add_dir(tar, layer_name.split("/")[0])
+        _add_file(tar, layer_name, layer)
+        _add_file(tar, "manifest.json", json.dumps(manifest).encode())
+    return out.getvalue()
+
+
+def _layer(binary: bytes, applets: list[str]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for folder in ("bin", "dev", "etc", "proc", "sys", "root"):
+            _add_dir(tar, folder)
+        _add_dir(tar, "tmp", mode=0o1777)
+        _add_file(tar, "bin/busybox", binary, mode=0o755)
+        for applet in applets:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "busybox"
+            link.mtime = EPOCH
+            tar.addfile(link)
+        _add_file(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
+        _add_file(tar, "etc/group", b"root:x:0:\n")
+    return out.getvalue()
+
+
+def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = mode
+    info.mtime = EPOCH
+    tar.addfile(info)
+
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = mode
+    info.mtime = EPOCH
+    tar.addfile(info, io.BytesIO(data))

@@ -1,0 +1,75 @@
+"""`gangshare agent` as a real process beside the real kubelet, with the fake NVML backend."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from gangshare.dev.realnode import RealNode
+from kube import ChildProcess, Kube
+
+
+class AgentProcess(ChildProcess):
+    def __init__(self, kube: Kube, node: RealNode, workdir: Path, spec: str) -> None:
+        self.kube = kube
+        self.node = node
+        self.workdir = workdir
+        self.spec = workdir / "gpus.yaml"
+        self.spec.write_text(spec)
+        self.socket_dir = workdir / "sdk"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> AgentProcess:
+        self.starts += 1
+        log = (self.workdir / f"agent-{self.starts}.log").open("wb")
+        argv = [
+            sys.executable,
+            "-m",
+            "gangshare.cli",
+            "agent",
+            "--node-name",
+            self.node.name,
+            "--kubeconfig",
+            self.kube.state.kubeconfig,
+            "--nvml",
+            "fake",
+            "--fake-spec",
+            str(self.spec),
+            "--device-plugin-dir",
+            str(self.node.device_plugin_dir),
+            "--pod-resources-socket",
+            str(self.node.pod_resources_socket),
+            "--socket-dir",
+            str(self.socket_dir),
+            "--publish-interval",
+            "1",
+        ]
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+        return self
+
+    def rewrite_spec(self, spec: str) -> None:
+        self.spec.write_text(spec)
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.workdir.glob("agent-*.log"))
+        )
+
+    def registered(self) -> bool:
+        """Whether this start has registered both resources with the kubelet (the Node's
+        allocatable can still show the previous agent's devices until the kubelet syncs)."""
+        current = self.workdir / f"agent-{self.starts}.log"
+        text = current.read_text(errors="replace") if current.exists() else ""
+        return all(
+            f"registered {r} with the kubelet" in text
+            for r in ("nvidia.com/gpu", "gangshare.io/gpu-share")
+        )
+
+    def preferred(self, resource: str) -> list[list[str]]:
+        """Every device-ID list GetPreferredAllocation answered for a resource, in order."""
+        pattern = re.compile(rf"{re.escape(resource)}: preferred (\S+) of")
+        return [m.group(1).split(",") for m in pattern.finditer(self.logs())]

@@ -1,0 +1,125 @@
+"""The NVML backend's reading of the library, against a stand-in for pynvml (no GPU here)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gangshare.agent.backend import BackendError, GpuProcess, GpuSample, HealthEvent
+from gangshare.agent.nvml import NvmlBackend
+
+MIB = 1024 * 1024
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    pass
+
+
+class NVMLError_Timeout(NVMLError):
+    pass
+
+
+class FakePynvml:
+    """Two islands of two GPUs; GPU 3 can be lost; XID events are queued by the test."""
+
+    NVMLError = NVMLError
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVML_P2P_CAPS_INDEX_NVLINK = 3
+    NVML_P2P_STATUS_OK = 0
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self, fail_init: bool = False) -> None:
+        self.fail_init = fail_init
+        self.lost: set[int] = set()
+        self.events: list[tuple[int, int]] = []
+        self.shut = False
+
+    def nvmlInit(self) -> None:
+        if self.fail_init:
+            raise NVMLError("Driver Not Loaded")
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> bytes:
+        return f"GPU-{h}".encode()
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        return h
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        if h in self.lost:
+            raise NVMLError_GpuIsLost()
+        return SimpleNamespace(total=81559 * MIB, used=(h + 1) * 1000 * MIB)
+
+    def nvmlDeviceGetP2PStatus(self, a: int, b: int, index: int) -> int:
+        assert index == self.NVML_P2P_CAPS_INDEX_NVLINK
+        return 0 if a // 2 == b // 2 else 4
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        return SimpleNamespace(gpu=25 * h, memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [SimpleNamespace(pid=1000 + h, usedGpuMemory=512 * MIB)] if h == 1 else []
+
+    def nvmlEventSetCreate(self) -> str:
+        return "events"
+
+    def nvmlDeviceRegisterEvents(self, h: int, kinds: int, events: str) -> None:
+        return None
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
+        if not self.events:
+            raise NVMLError_Timeout()
+        device, xid = self.events.pop(0)
+        return SimpleNamespace(device=device, eventData=xid)
+
+    def nvmlEventSetFree(self, events: str) -> None:
+        return None
+
+
+def test_inventory_links_and_live_state_are_read_from_nvml() -> None:
+    nvml = FakePynvml()
+    backend = NvmlBackend(nvml)
+    inventory = backend.inventory()
+    assert [g.uuid for g in inventory.gpus] == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
+    assert inventory.gpus[0].model == "NVIDIA-H100-80GB-HBM3"
+    assert inventory.gpus[0].memory_mib == 81559
+    assert inventory.gpus[2].device_paths == ("/dev/nvidia2",)
+    assert inventory.islands() == ((0, 1), (2, 3))
+    assert backend.samples()[2] == GpuSample(2, 0.5, 3000)
+    assert backend.processes() == [GpuProcess(1, 1001, 512)]
+    backend.close()
+    assert nvml.shut
+
+
+def test_critical_xids_and_lost_gpus_are_health_events_application_xids_are_not() -> None:
+    nvml = FakePynvml()
+    backend = NvmlBackend(nvml)
+    assert backend.health_events(0.01) == []
+    nvml.events = [(1, 13), (2, 79)]
+    assert backend.health_events(0.01) == []  # XID 13: the application's fault
+    assert backend.health_events(0.01) == [HealthEvent(2, "XID 79")]
+    nvml.lost.add(3)
+    assert backend.health_events(0.01) == [HealthEvent(3, "GPU is lost")]
+    assert [s.index for s in backend.samples()] == [0, 1, 2]
+
+
+def test_nvml_that_will_not_start_is_a_clear_error() -> None:
+    with pytest.raises(BackendError, match="NVML: cannot initialise"):
+        NvmlBackend(FakePynvml(fail_init=True))

@@ -1,0 +1,98 @@
+"""GetPreferredAllocation: the core's choice, or the recorded plan when one pod matches."""
+
+from __future__ import annotations
+
+from agent_fakes import make_spec, pod
+
+from gangshare.agent.backend import GpuSample
+from gangshare.agent.devices import DeviceMap
+from gangshare.agent.plan import plan_for_request
+from gangshare.agent.preference import observed_node, preferred_devices
+
+GPU, SHARE = "nvidia.com/gpu", "gangshare.io/gpu-share"
+
+
+def _prefer(
+    devices: DeviceMap,
+    resource: str,
+    size: int,
+    available: list[str] | None = None,
+    must: list[str] | None = None,
+    plan: tuple[int, ...] | None = None,
+    samples: list[GpuSample] | None = None,
+    allocated: dict[str, list[str]] | None = None,
+) -> tuple[int, ...]:
+    node = observed_node("real-0", devices, (), samples or [], allocated or {})
+    offered = devices.device_ids(resource) if available is None else available
+    chosen = preferred_devices(resource, devices, node, offered, must or [], size, plan)
+    assert len(chosen) == size
+    assert set(chosen) <= set(offered) | set(must or [])
+    return tuple(devices.gpu_of(resource, d).index for d in chosen)
+
+
+def test_whole_gpus_go_to_the_tightest_nvlink_island_that_holds_them() -> None:
+    devices = make_spec().gpus(8).islands([0, 1, 2, 3], [4, 5], [6, 7]).devices()
+    uuids = devices.device_ids(GPU)
+    assert sorted(_prefer(devices, GPU, 2)) == [4, 5]
+    assert sorted(_prefer(devices, GPU, 4)) == [0, 1, 2, 3]
+    # GPU 4 is taken: the pair [6, 7] is now the tightest island that holds two.
+    assert sorted(_prefer(devices, GPU, 2, available=[u for u in uuids if u != uuids[4]])) == [6, 7]
+
+
+def test_a_container_that_must_keep_devices_gets_the_rest_chosen() -> None:
+    devices = make_spec().gpus(4).islands([0, 1], [2, 3]).devices()
+    uuids = devices.device_ids(GPU)
+    # GPU 3 is the tightest place left for one more GPU, and it shares GPU 2's island.
+    assert _prefer(devices, GPU, 2, must=[uuids[2]]) == (2, 3)
+
+
+def test_share_slots_go_to_the_least_loaded_gpus_one_slot_each() -> None:
+    devices = make_spec().gpus(4).devices(share_slots=2)
+    samples = [
+        GpuSample(0, 0.9, 1000),
+        GpuSample(1, 0.1, 1000),
+        GpuSample(2, 0.5, 1000),
+        GpuSample(3, 0.05, 1000),
+    ]
+    assert sorted(_prefer(devices, SHARE, 2, samples=samples)) == [1, 3]
+
+
+def test_share_slots_fall_back_to_the_same_gpu_only_when_no_other_has_a_slot() -> None:
+    devices = make_spec().gpus(2).devices(share_slots=2)
+    u = [g.uuid for g in devices.inventory.gpus]
+    available = [f"{u[0]}::0", f"{u[0]}::1"]
+    assert _prefer(devices, SHARE, 2, available=available) == (0, 0)
+
+
+def test_a_matching_plan_wins_over_the_core_choice() -> None:
+    devices = make_spec().gpus(8).islands([0, 1, 2, 3], [4, 5], [6, 7]).devices()
+    assert sorted(_prefer(devices, GPU, 2, plan=(0, 3))) == [0, 3]
+    # A plan the kubelet can no longer honour is dropped for the core's choice.
+    uuids = devices.device_ids(GPU)
+    available = [u for u in uuids if u != uuids[3]]
+    assert sorted(_prefer(devices, GPU, 2, available=available, plan=(0, 3))) == [4, 5]
+
+
+def test_a_plan_for_share_slots_picks_a_free_slot_on_each_planned_gpu() -> None:
+    devices = make_spec().gpus(4).devices(share_slots=2)
+    u = [g.uuid for g in devices.inventory.gpus]
+    allocated = {SHARE: [f"{u[2]}::0"]}
+    available = [d for d in devices.device_ids(SHARE) if d not in allocated[SHARE]]
+    chosen = _prefer(devices, SHARE, 2, available=available, plan=(2, 3), allocated=allocated)
+    assert sorted(chosen) == [2, 3]
+
+
+def test_the_plan_is_used_only_when_exactly_one_waiting_pod_asks_for_this_much() -> None:
+    one = [pod("a", GPU, 2, planned="4,5"), pod("b", GPU, 1, planned="0")]
+    assert plan_for_request(one, set(), GPU, 2) == (4, 5)
+    assert plan_for_request(one, set(), GPU, 1) == (0,)
+    assert plan_for_request(one, set(), SHARE, 2) is None
+    two = [*one, pod("c", GPU, 2, planned="6,7")]
+    assert plan_for_request(two, set(), GPU, 2) is None
+    # A pod the kubelet already admitted, or one running, is not waiting for devices.
+    assert plan_for_request(two, {("ns", "c")}, GPU, 2) == (4, 5)
+    running = [pod("a", GPU, 2, planned="4,5", phase="Running")]
+    assert plan_for_request(running, set(), GPU, 2) is None
+    # The only candidate has no plan (a bare pod): nothing to follow.
+    assert plan_for_request([pod("d", GPU, 2)], set(), GPU, 2) is None
+    assert plan_for_request([pod("e", GPU, 2, planned="1,x")], set(), GPU, 2) is None
