@@ -58,8 +58,14 @@ if [[ ${need_update} -eq 1 ]]; then
 fi
 
 log "installing ${missing[*]}"
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-    die "apt-get install ${missing[*]} failed"
+install() { apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+# Package lists that name a candidate can still be stale (the file is gone from the mirror):
+# refresh them once and try again before giving up.
+if ! install; then
+    log "apt-get install failed; apt-get update and one more try"
+    apt-get update -qq >/dev/null || die "apt-get update failed"
+    install || die "apt-get install ${missing[*]} failed"
+fi
 
 # Should a systemd ever be running here, keep Debian's unit from starting at boot
 # or on the next upgrade; harmless (and skipped) without systemd.

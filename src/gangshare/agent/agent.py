@@ -15,10 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gangshare.agent.assignments import DIFFERS_FROM_PLAN, detect_assignments
 from gangshare.agent.backend import GpuBackend, GpuSample
@@ -33,6 +32,8 @@ from gangshare.core.annotations import encode_gpu_indices
 from gangshare.core.node import NodeState
 
 log = logging.getLogger("gangshare.agent")
+
+RECHECK_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class Agent:
         self._samples: list[GpuSample] = []
         self._kubelet: dict[tuple[str, str], PodDevices] = {}
         self._topology_dirty = True
+        # Pods whose assigned-gpus matches the kubelet's devices, as last read.
+        self._confirmed: dict[tuple[str, str], Mapping[str, tuple[str, ...]]] = {}
+        self._checked_at = float("-inf")
 
     # ----- NodeView, asked by the device plugins ------------------------------------------
 
@@ -189,12 +193,28 @@ class Agent:
         kubelet = self.podresources.list()
         with self._lock:
             self._kubelet = kubelet
+        now = self.clock()
+        # Listing pods every pass would cost the API server a request per node per second;
+        # ask only when the kubelet holds something not yet confirmed, or to re-check now and
+        # then that nobody changed what was written.
+        self._confirmed = {k: v for k, v in self._confirmed.items() if k in kubelet}
         if not kubelet:
             return
-        for change in detect_assignments(self.devices, kubelet, self.api.pods_on_node()):
+        unconfirmed = any(self._confirmed.get(k) != p.devices for k, p in kubelet.items())
+        if not unconfirmed and now - self._checked_at < RECHECK_SECONDS:
+            return
+        self._checked_at = now
+        pods = self.api.pods_on_node()
+        changes = detect_assignments(self.devices, kubelet, pods)
+        changed = {(c.namespace, c.name) for c in changes}
+        self._confirmed = {k: p.devices for k, p in kubelet.items() if k not in changed}
+        for change in changes:
             indices = encode_gpu_indices(change.indices)
             if not self.api.record_assignment(change.namespace, change.name, change.uid, indices):
                 continue
+            self._confirmed[(change.namespace, change.name)] = kubelet[
+                (change.namespace, change.name)
+            ].devices
             log.info("%s/%s: assigned GPUs %s", change.namespace, change.name, indices)
             if change.differs_from_plan:
                 self.api.pod_event(
@@ -205,10 +225,3 @@ class Agent:
                     DIFFERS_FROM_PLAN,
                     change.event_message(),
                 )
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "node": self.config.node,
-            "gpus": len(self.devices.inventory.gpus),
-            "unhealthy": dict(self._unhealthy),
-        }
