@@ -75,6 +75,7 @@ class Agent:
         # Pods whose assigned-gpus matches the kubelet's devices, as last read.
         self._confirmed: dict[tuple[str, str], Mapping[str, tuple[str, ...]]] = {}
         self._checked_at = float("-inf")
+        self._topology_at = float("-inf")
 
     # ----- NodeView, asked by the device plugins ------------------------------------------
 
@@ -167,9 +168,11 @@ class Agent:
 
     def _publish(self) -> None:
         samples = self.backend.samples()
+        now = self.clock()
         with self._lock:
             self._samples = samples
-            dirty = self._topology_dirty
+            # Also now and then, in case something else rewrote or removed the annotation.
+            dirty = self._topology_dirty or now - self._topology_at >= RECHECK_SECONDS
         if dirty:
             node = self.api.read_node()
             meta = node.get("metadata") or {}
@@ -185,7 +188,8 @@ class Agent:
                 log.info("published GPU topology on node %s", self.config.node)
             with self._lock:
                 self._topology_dirty = False
-        utilization = self.gate.patch_if_due(self.clock(), samples)
+            self._topology_at = now
+        utilization = self.gate.patch_if_due(now, samples)
         if utilization is not None:
             self.api.patch_node(utilization)
 

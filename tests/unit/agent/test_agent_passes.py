@@ -84,3 +84,16 @@ def test_a_pass_publishes_the_node_and_writes_what_the_kubelet_assigned(tmp_path
     now[0] += RECHECK_SECONDS
     agent.step()
     assert api.lists == lists + 1 and api.recorded == [("w", "2,3")]
+
+
+def test_a_topology_someone_removed_is_published_again(tmp_path: Path) -> None:
+    api = Api([])
+    agent, now = _agent(tmp_path, api, PodResources())
+    agent.step()
+    topology = api.node["metadata"]["annotations"].pop("gangshare.io/gpu-topology")
+    now[0] += 5
+    agent.step()
+    assert "gangshare.io/gpu-topology" not in api.node["metadata"]["annotations"]
+    now[0] += RECHECK_SECONDS
+    agent.step()
+    assert api.node["metadata"]["annotations"]["gangshare.io/gpu-topology"] == topology
