@@ -169,6 +169,19 @@ def test_a_pod_gets_exactly_the_gpus_the_plugin_preferred_and_all_three_records_
     assert assigned(kube, namespace, "two") == "1,2"
 
 
+def test_share_slots_of_one_pod_land_on_distinct_idle_gpus_of_one_island(
+    kube: Kube, real_node: RealNode, agent: AgentProcess, namespace: str
+):
+    kube.core.create_namespaced_pod(namespace, gpu_pod("shares", SHARE, 2, PRINT_AND_WAIT))
+    visible = printed(real_node, namespace, "shares").split(",")
+    gpus = uuids(kube, real_node)
+    # GPU 0 is the busy one (30 % SM in the fake): the least-loaded pair in one island is 1, 2.
+    assert visible == [gpus[1], gpus[2]]
+    slots = kubelet_devices(real_node, namespace, "shares")[SHARE]
+    assert sorted(s.split("::")[0] for s in slots) == sorted(visible)
+    assert assigned(kube, namespace, "shares") == "1,2"
+
+
 def test_an_assignment_that_differs_from_the_plan_is_recorded_and_named_in_an_event(
     kube: Kube, real_node: RealNode, agent: AgentProcess, namespace: str
 ):

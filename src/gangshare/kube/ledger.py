@@ -16,11 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gangshare.core.choose import choose_gpus
-from gangshare.core.cluster import AllocationError, Cluster
-from gangshare.core.constraints import UNCONSTRAINED
-from gangshare.core.fit import static_rejection
-from gangshare.core.job import ServiceClass, WorkerRequest
+from gangshare.core.cluster import Cluster
+from gangshare.core.job import WorkerRequest
 from gangshare.core.node import NodeState
 from gangshare.kube.claims import (
     Claim,
@@ -33,6 +30,7 @@ from gangshare.kube.claims import (
     pod_facts,
     pod_owner,
 )
+from gangshare.kube.holding import hold_claim
 
 
 class Ledger:
@@ -342,7 +340,7 @@ class Ledger:
         claims = [self._claims[o] for o in owners if o not in self._assumed] + assumed
         held = set()
         for claim in sorted(claims, key=lambda c: (c.kind, c.owner)):
-            problem = self._hold(claim)
+            problem = hold_claim(self.cluster, claim)
             if problem is None:
                 held.add(claim.owner)
                 self.problems.pop(claim.owner, None)
@@ -352,67 +350,3 @@ class Ledger:
                     held.add(claim.owner)  # held by count, under a warning
         if held:
             self._held[node_name] = held
-
-    def _hold(self, claim: Claim) -> str | None:
-        node = self.cluster.nodes.get(claim.node)
-        plan = claim.kind is ClaimKind.PLAN
-        if node is None:
-            return f"{'planned ' if plan else ''}node {claim.node} no longer exists"
-        request = WorkerRequest(
-            claim.count,
-            claim.service_class,
-            gpu_memory_mib=claim.memory_mib,
-            constraints=claim.constraints or UNCONSTRAINED,
-        )
-        if plan:
-            unusable = static_rejection(node, request)
-            if unusable is not None:
-                return f"planned node {node.name}: {unusable.reason}"
-            conflict = _plan_conflict(node, claim)
-            if conflict is not None:
-                return conflict
-        indices = claim.indices
-        if indices is not None and self._allocate(claim, indices):
-            return None
-        if plan:
-            return f"planned GPUs {list(claim.indices or ())} on {node.name} are no longer free"
-        # A fact or assumption whose recorded GPUs are gone still uses that many: count it.
-        fallback = choose_gpus(node, request)
-        if fallback is not None and self._allocate(claim, fallback):
-            return (
-                None
-                if indices is None
-                else f"recorded GPUs {list(indices)} taken; counted as {list(fallback)}"
-            )
-        return f"no room left on {node.name} for its {claim.count} GPU(s)"
-
-    def _allocate(self, claim: Claim, indices: tuple[int, ...]) -> bool:
-        try:
-            self.cluster.allocate(
-                claim.owner,
-                claim.owner,
-                claim.node,
-                indices,
-                claim.service_class,
-                claim.memory_mib,
-                dict(claim.resources) if claim.kind is ClaimKind.PLAN else None,
-            )
-        except AllocationError:
-            return False
-        return True
-
-
-def _plan_conflict(node: NodeState, claim: Claim) -> str | None:
-    """Why a plan's GPUs cannot be had on the node, naming who holds them."""
-    for index in claim.indices or ():
-        if not 0 <= index < node.gpu_count:
-            return f"planned GPU {index} does not exist on {node.name}"
-        gpu = node.gpus[index]
-        if not gpu.gpu.healthy:
-            return f"planned GPU {index} on {node.name} is unhealthy"
-        holder = gpu.guaranteed
-        if claim.service_class is ServiceClass.GUARANTEED and holder is not None:
-            return f"planned GPU {index} on {node.name} is taken by {holder.owner}"
-        if claim.service_class is ServiceClass.OPPORTUNISTIC and gpu.free_share_slots() < 1:
-            return f"planned GPU {index} on {node.name} has no free share slot"
-    return None

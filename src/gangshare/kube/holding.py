@@ -1,0 +1,83 @@
+"""Holding one claim on its node: the recorded GPUs if they are still free, else why not (pure).
+
+A plan must get exactly its planned GPUs on a node that still takes it; a fact or an
+assumption whose recorded GPUs are gone is still counted, on whatever GPUs the core would give
+it, so a pod the kubelet may run is never forgotten.
+"""
+
+from __future__ import annotations
+
+from gangshare.core.choose import choose_gpus
+from gangshare.core.cluster import AllocationError, Cluster
+from gangshare.core.constraints import UNCONSTRAINED
+from gangshare.core.fit import static_rejection
+from gangshare.core.job import ServiceClass, WorkerRequest
+from gangshare.core.node import NodeState
+from gangshare.kube.claims import Claim, ClaimKind
+
+
+def hold_claim(cluster: Cluster, claim: Claim) -> str | None:
+    """Hold one claim on its node; None when held as recorded, else why not (or how else)."""
+    node = cluster.nodes.get(claim.node)
+    plan = claim.kind is ClaimKind.PLAN
+    if node is None:
+        return f"{'planned ' if plan else ''}node {claim.node} no longer exists"
+    request = WorkerRequest(
+        claim.count,
+        claim.service_class,
+        gpu_memory_mib=claim.memory_mib,
+        constraints=claim.constraints or UNCONSTRAINED,
+    )
+    if plan:
+        unusable = static_rejection(node, request)
+        if unusable is not None:
+            return f"planned node {node.name}: {unusable.reason}"
+        conflict = _plan_conflict(node, claim)
+        if conflict is not None:
+            return conflict
+    indices = claim.indices
+    if indices is not None and _allocate(cluster, claim, indices):
+        return None
+    if plan:
+        return f"planned GPUs {list(claim.indices or ())} on {node.name} are no longer free"
+    # A fact or assumption whose recorded GPUs are gone still uses that many: count it.
+    fallback = choose_gpus(node, request)
+    if fallback is not None and _allocate(cluster, claim, fallback):
+        return (
+            None
+            if indices is None
+            else f"recorded GPUs {list(indices)} taken; counted as {list(fallback)}"
+        )
+    return f"no room left on {node.name} for its {claim.count} GPU(s)"
+
+
+def _allocate(cluster: Cluster, claim: Claim, indices: tuple[int, ...]) -> bool:
+    try:
+        cluster.allocate(
+            claim.owner,
+            claim.owner,
+            claim.node,
+            indices,
+            claim.service_class,
+            claim.memory_mib,
+            dict(claim.resources) if claim.kind is ClaimKind.PLAN else None,
+        )
+    except AllocationError:
+        return False
+    return True
+
+
+def _plan_conflict(node: NodeState, claim: Claim) -> str | None:
+    """Why a plan's GPUs cannot be had on the node, naming who holds them."""
+    for index in claim.indices or ():
+        if not 0 <= index < node.gpu_count:
+            return f"planned GPU {index} does not exist on {node.name}"
+        gpu = node.gpus[index]
+        if not gpu.gpu.healthy:
+            return f"planned GPU {index} on {node.name} is unhealthy"
+        holder = gpu.guaranteed
+        if claim.service_class is ServiceClass.GUARANTEED and holder is not None:
+            return f"planned GPU {index} on {node.name} is taken by {holder.owner}"
+        if claim.service_class is ServiceClass.OPPORTUNISTIC and gpu.free_share_slots() < 1:
+            return f"planned GPU {index} on {node.name} has no free share slot"
+    return None
