@@ -141,17 +141,13 @@ def test_the_plan_honours_taints_selectors_hostnames_and_cpu(
     )[0]
     # Cloud nodes whose hostname label is not the node's name, with CPU for one big worker each.
     small = pool.nodes(2, 2, cpu="8", hostname="ip-10-0-0-7", labels={"zone": "b"}, suffix="s")
-    template_for = {
-        # Tolerates the taint: may land on the tainted node.
-        "tolerant": {"tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeSelector": {}},
-        # Two 6-core workers cannot share an 8-core node: they must go to two nodes.
-        "cpu-heavy": {"nodeSelector": {"zone": "b"}},
-    }
+    # Tolerates the taint: may land on the tainted node.
     tolerant = trainingjob("tolerant", 1, 2, run_for="1s", gpuModel=pool.model)
     tolerant["spec"]["template"]["spec"].update(
-        tolerations=template_for["tolerant"]["tolerations"],
+        tolerations=[{"key": "gpu", "operator": "Exists"}],
         nodeSelector={"kubernetes.io/hostname": tainted},
     )
+    # Two 6-core workers cannot share an 8-core node: they must go to two nodes.
     heavy = trainingjob("cpu-heavy", 2, 1, run_for="1s", gpuModel=pool.model)
     heavy["spec"]["template"]["spec"]["nodeSelector"] = {"zone": "b"}
     heavy["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "6"}}

@@ -40,7 +40,6 @@ RECHECK_SECONDS = 60.0
 class AgentConfig:
     node: str
     plugin_dir: Path
-    pod_resources: Path
     socket_dir: Path | None
     share_slots: int
     publish_interval: float

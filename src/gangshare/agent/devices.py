@@ -9,6 +9,7 @@ each of N GPUs (GetPreferredAllocation steers the kubelet to distinct GPUs).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from gangshare.agent.backend import GpuInfo, Inventory
 from gangshare.core.annotations import GPU_RESOURCE, SHARE_RESOURCE
@@ -36,6 +37,11 @@ class DeviceMap:
         if self.share_slots < 1:
             raise DeviceError(f"share slots: must be at least 1, got {self.share_slots}")
 
+    @cached_property
+    def _by_uuid(self) -> dict[str, GpuInfo]:
+        # Asked for every device of every kubelet call: build it once, not per lookup.
+        return self.inventory.by_uuid()
+
     def device_ids(self, resource: str) -> list[str]:
         check_resource(resource)
         if resource == GPU_RESOURCE:
@@ -51,7 +57,7 @@ class DeviceMap:
         if resource == SHARE_RESOURCE:
             uuid, _, raw = device_id.partition(SLOT_SEPARATOR)
             slot = int(raw) if raw.isdigit() else -1
-        gpu = self.inventory.by_uuid().get(uuid)
+        gpu = self._by_uuid.get(uuid)
         if gpu is None or (slot is not None and not 0 <= slot < self.share_slots):
             raise DeviceError(f"{resource}: device ID {device_id!r} was never offered on this node")
         return gpu
@@ -59,12 +65,6 @@ class DeviceMap:
     def indices(self, resource: str, device_ids: list[str]) -> tuple[int, ...]:
         """The distinct GPU indices behind device IDs, sorted."""
         return tuple(sorted({self.gpu_of(resource, d).index for d in device_ids}))
-
-    def ids_for(self, resource: str, index: int) -> list[str]:
-        gpu = self.inventory.gpus[index]
-        if resource == GPU_RESOURCE:
-            return [gpu.uuid]
-        return [slot_id(gpu.uuid, slot) for slot in range(self.share_slots)]
 
 
 def slot_id(uuid: str, slot: int) -> str:

@@ -113,7 +113,6 @@ def run_agent(args: argparse.Namespace) -> int:
     config = AgentConfig(
         node=args.node_name,
         plugin_dir=args.device_plugin_dir,
-        pod_resources=args.pod_resources_socket,
         socket_dir=args.socket_dir,
         share_slots=args.share_slots,
         publish_interval=args.publish_interval,

@@ -12,18 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gangshare.core.annotations import POD_PLANNED_GPUS, AnnotationError, decode_gpu_indices
-from gangshare.kube.quantity import QuantityError, to_int
+from gangshare.kube.claims import container_gpus
 
 WAITING_PHASES = ("Pending", None)
-
-
-def _asks(container: Mapping[str, Any], resource: str) -> int:
-    resources = container.get("resources") or {}
-    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    try:
-        return to_int(asked.get(resource, 0), resource)
-    except QuantityError:
-        return 0
 
 
 def plan_for_request(
@@ -40,7 +31,7 @@ def plan_for_request(
         if (meta.get("namespace"), meta.get("name")) in admitted:
             continue
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-        if not any(_asks(c, resource) == size for c in containers):
+        if not any(container_gpus(c, resource) == size for c in containers):
             continue
         candidates.append(meta)
     if len(candidates) != 1:

@@ -8,6 +8,7 @@ pod's annotations. Any other pod claims GPUs only once bound to a node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -107,17 +108,23 @@ def job_key(job: dict[str, Any]) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
+def container_gpus(container: Mapping[str, Any], resource: str) -> int:
+    """How many devices of a GPU resource one container asks for; 0 when unreadable (the API
+    server refuses such a pod)."""
+    resources = container.get("resources") or {}
+    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    try:
+        return to_int(asked.get(resource, 0), resource)
+    except QuantityError:
+        return 0
+
+
 def gpu_request(pod: dict[str, Any]) -> tuple[ServiceClass, int] | None:
     """(class, GPUs) a pod asks for: whole GPUs are Guaranteed, share slots Opportunistic."""
     whole = share = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        try:
-            whole += to_int(asked.get(GPU_RESOURCE, 0), GPU_RESOURCE)
-            share += to_int(asked.get(SHARE_RESOURCE, 0), SHARE_RESOURCE)
-        except QuantityError:
-            continue
+        whole += container_gpus(container, GPU_RESOURCE)
+        share += container_gpus(container, SHARE_RESOURCE)
     if whole:
         return ServiceClass.GUARANTEED, whole
     if share:

@@ -57,7 +57,7 @@ class PodResources:
 def _agent(tmp_path: Path, api: Api, kubelet: PodResources) -> tuple[Agent, list[float]]:
     backend, _ = fake_backend(make_spec().gpus(4).islands([0, 1], [2, 3]), tmp_path / "g.yaml")
     now = [1000.0]
-    config = AgentConfig("real-0", tmp_path / "dp", tmp_path / "pr.sock", None, 4, 10.0)
+    config = AgentConfig("real-0", tmp_path / "dp", None, 4, 10.0)
     agent = Agent(config, backend, api, kubelet, clock=lambda: now[0])
     agent.plugins = []  # no kubelet to register with here; tests/unit/agent/test_plugin_grpc.py
     return agent, now
