@@ -64,7 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/extender.py
 
-# Regenerate docs/results.md and docs/results/ (the simulator on Philly and Alibaba 2023; ~9 min).
+# Regenerate docs/results.md and docs/results/ (the simulator on Philly and Alibaba 2023; ~13 min on 2 cores).
 results: $(STAMP)
 	$(BIN)/python -m gangshare.sim.report
 

@@ -7,13 +7,18 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from gangshare.dev.realnode import RealNode
+from gangshare.dev.realnode_config import REAL_NODE_LABEL
 from kube import ChildProcess, Kube
 
 
 class AgentProcess(ChildProcess):
-    def __init__(self, kube: Kube, node: RealNode, workdir: Path, spec: str) -> None:
+    def __init__(
+        self, kube: Kube, node: RealNode, workdir: Path, spec: str, extra: tuple[str, ...] = ()
+    ) -> None:
+        self.extra = extra
         self.kube = kube
         self.node = node
         self.workdir = workdir
@@ -47,6 +52,9 @@ class AgentProcess(ChildProcess):
             str(self.socket_dir),
             "--publish-interval",
             "1",
+            "--metrics-port",
+            "0",
+            *self.extra,
         ]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         return self
@@ -73,3 +81,44 @@ class AgentProcess(ChildProcess):
         """Every device-ID list GetPreferredAllocation answered for a resource, in order."""
         pattern = re.compile(rf"{re.escape(resource)}: preferred (\S+) of")
         return [m.group(1).split(",") for m in pattern.finditer(self.logs())]
+
+
+def real_node_job(
+    name: str, service_class: str, model: str, image: str, command: list[str]
+) -> dict[str, Any]:
+    """A one-worker, one-GPU TrainingJob that only the real node takes (host network: the real
+    node has no pod network; the namespace needs gangshare.io/privileged-templates=allowed)."""
+    return {
+        "apiVersion": "gangshare.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": 1,
+            "gpusPerWorker": 1,
+            "serviceClass": service_class,
+            "gpuModel": model,
+            "template": {
+                "spec": {
+                    "hostNetwork": True,
+                    "terminationGracePeriodSeconds": 1,
+                    "nodeSelector": {REAL_NODE_LABEL: "true"},
+                    "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": command,
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def allow_privileged_templates(kube: Kube, namespace: str) -> None:
+    """hostNetwork templates need the cluster admin's opt-in on the namespace."""
+    kube.core.patch_namespace(
+        namespace, {"metadata": {"labels": {"gangshare.io/privileged-templates": "allowed"}}}
+    )

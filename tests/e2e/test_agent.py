@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from agent_process import AgentProcess
+from agent_process import AgentProcess, allow_privileged_templates, real_node_job
 from kubernetes import client
 
 from gangshare.agent.podresources import PodResourcesClient
@@ -210,44 +210,11 @@ def test_an_opportunistic_trainingjob_runs_to_succeeded_on_the_real_node(
     crd: Kube, real_node: RealNode, agent: AgentProcess, namespace: str, tmp_path: Path
 ):
     kube = crd
-    # hostNetwork templates need the cluster admin's opt-in (the real node has no pod network).
-    kube.core.patch_namespace(
-        namespace, {"metadata": {"labels": {"gangshare.io/privileged-templates": "allowed"}}}
-    )
+    allow_privileged_templates(kube, namespace)
     operator = OperatorProcess(kube, tmp_path).start()
     try:
-        body = {
-            "apiVersion": "gangshare.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "opp"},
-            "spec": {
-                "workers": 1,
-                "gpusPerWorker": 1,
-                "serviceClass": "Opportunistic",
-                "gpuModel": MODEL,
-                "template": {
-                    "spec": {
-                        "hostNetwork": True,
-                        "terminationGracePeriodSeconds": 1,
-                        "nodeSelector": {REAL_NODE_LABEL: "true"},
-                        "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists"}],
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": IMAGE,
-                                "imagePullPolicy": "Never",
-                                "command": [
-                                    "sh",
-                                    "-c",
-                                    'echo "visible=$NVIDIA_VISIBLE_DEVICES '
-                                    'cap=$GANGSHARE_MEMORY_CAP_MIB"',
-                                ],
-                            }
-                        ],
-                    }
-                },
-            },
-        }
+        script = 'echo "visible=$NVIDIA_VISIBLE_DEVICES cap=$GANGSHARE_MEMORY_CAP_MIB"'
+        body = real_node_job("opp", "Opportunistic", MODEL, IMAGE, ["sh", "-c", script])
         kube.custom.create_namespaced_custom_object(
             "gangshare.io", "v1alpha1", namespace, "trainingjobs", body
         )

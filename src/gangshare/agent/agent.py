@@ -16,19 +16,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gangshare.agent.allocation import SOCKET_NAME
 from gangshare.agent.assignments import DIFFERS_FROM_PLAN, detect_assignments
 from gangshare.agent.backend import GpuBackend, GpuSample
+from gangshare.agent.cgroups import pod_uid_of
+from gangshare.agent.control_loop import ControlLoop
+from gangshare.agent.coordinator import Coordinator
 from gangshare.agent.devices import RESOURCES, DeviceMap
+from gangshare.agent.layers import detect_layers
+from gangshare.agent.metrics import AgentMetrics
 from gangshare.agent.nodeapi import POD_LIST_TIMEOUT, NodeApi
 from gangshare.agent.plan import plan_for_request
 from gangshare.agent.plugin import DevicePlugin
 from gangshare.agent.podresources import PodDevices, PodResourcesClient, allocated_devices
 from gangshare.agent.preference import observed_node
 from gangshare.agent.publish import UtilizationGate, topology_patch
-from gangshare.core.annotations import encode_gpu_indices
+from gangshare.agent.sdkserver import SdkServer
+from gangshare.agent.throttle import Throttler
+from gangshare.core.annotations import NODE_ENFORCEMENT, encode_gpu_indices
+from gangshare.core.coordinator import ControlParams
+from gangshare.core.enforcement import EnforcementParams
 from gangshare.core.node import NodeState
 
 log = logging.getLogger("gangshare.agent")
@@ -44,6 +54,9 @@ class AgentConfig:
     share_slots: int
     publish_interval: float
     tick: float = 1.0
+    mps_pipe_dir: Path | None = None
+    control: ControlParams = field(default_factory=ControlParams)
+    enforcement: EnforcementParams = field(default_factory=EnforcementParams)
 
 
 class Agent:
@@ -62,6 +75,31 @@ class Agent:
         self.clock = clock
         self.devices = DeviceMap(backend.inventory(), config.share_slots)
         self.socket_dir = str(config.socket_dir) if config.socket_dir else None
+        self.layers = detect_layers(config.socket_dir, config.mps_pipe_dir)
+        self.mps_pipe_dir = str(config.mps_pipe_dir) if self.layers.mps else None
+        self.metrics = AgentMetrics(config.node)
+        self.coordinator = Coordinator(self.devices, config.control, config.enforcement)
+        self.sdk = (
+            SdkServer(
+                config.socket_dir / SOCKET_NAME,
+                pod_uid_of,
+                self.coordinator.record_steps,
+                self.coordinator.caps_of,
+            )
+            if config.socket_dir
+            else None
+        )
+        throttler = Throttler(config.enforcement.throttle_period_seconds)
+        self.throttler = throttler if self.layers.stop_continue else None
+        self.control = ControlLoop(
+            self.coordinator,
+            backend,
+            api,
+            self.kubelet,
+            self.sdk,
+            self.throttler,
+            self.metrics,
+        )
         self.plugins = [DevicePlugin(r, self, config.plugin_dir) for r in RESOURCES]
         self.gate = UtilizationGate(config.publish_interval)
         self.stopping = threading.Event()
@@ -101,11 +139,22 @@ class Agent:
     def allocated(self) -> None:
         self.wake.set()
 
+    def kubelet(self) -> dict[tuple[str, str], PodDevices]:
+        with self._lock:
+            return dict(self._kubelet)
+
     # ----- loops --------------------------------------------------------------------------
 
     def run(self) -> None:
         health = threading.Thread(target=self._health_loop, name="health", daemon=True)
         health.start()
+        control = threading.Thread(target=self._control_loop, name="coordinator", daemon=True)
+        control.start()
+        if self.sdk is not None:
+            self.sdk.start()
+        if self.throttler is not None:
+            self.throttler.start()
+        log.info("enforcement layers: %s", self.layers.annotation())
         try:
             while not self.stopping.is_set():
                 self.step()
@@ -119,6 +168,10 @@ class Agent:
             self.stopping.set()
             for plugin in self.plugins:
                 plugin.stop()
+            if self.sdk is not None:
+                self.sdk.stop()
+            if self.throttler is not None:
+                self.throttler.stop()  # continues everything it stopped
             self.backend.close()
 
     def stop(self) -> None:
@@ -159,6 +212,13 @@ class Agent:
                     plugin.notify()
                 self.wake.set()
 
+    def _control_loop(self) -> None:
+        while not self.stopping.wait(self.config.control.period_seconds):
+            try:
+                self.control.once()
+            except Exception as err:  # the next period tries again
+                log.warning("coordinator: %s", err)
+
     def _serve_plugins(self) -> None:
         for plugin in self.plugins:
             if plugin.needs_restart():
@@ -182,12 +242,17 @@ class Agent:
                 meta.get("labels") or {},
                 meta.get("annotations") or {},
             )
+            layers = self.layers.annotation()
+            if (meta.get("annotations") or {}).get(NODE_ENFORCEMENT) != layers:
+                patch = patch or {"metadata": {"annotations": {}}}
+                patch["metadata"].setdefault("annotations", {})[NODE_ENFORCEMENT] = layers
             if patch is not None:
                 self.api.patch_node(patch)
                 log.info("published GPU topology on node %s", self.config.node)
             with self._lock:
                 self._topology_dirty = False
             self._topology_at = now
+        self.metrics.gpus(samples)
         utilization = self.gate.patch_if_due(now, samples)
         if utilization is not None:
             self.api.patch_node(utilization)

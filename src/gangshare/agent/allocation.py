@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gangshare.agent.backend import GpuInfo
 from gangshare.agent.devices import DeviceMap
 from gangshare.core.annotations import SHARE_RESOURCE
 
 CONTAINER_SOCKET_DIR = "/var/run/gangshare"
 SOCKET_NAME = "agent.sock"
+MPS_CONTAINER_DIR = "/var/run/nvidia-mps"
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,11 @@ class ContainerAllocation:
 
 
 def allocate_container(
-    resource: str, devices: DeviceMap, device_ids: list[str], socket_dir: str | None
+    resource: str,
+    devices: DeviceMap,
+    device_ids: list[str],
+    socket_dir: str | None,
+    mps_pipe_dir: str | None = None,
 ) -> ContainerAllocation:
     """The response for one container; DeviceError names any ID this agent never offered."""
     by_index = {}
@@ -46,7 +52,34 @@ def allocate_container(
     if socket_dir:
         envs["GANGSHARE_AGENT_SOCKET"] = f"{CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"
         mounts.append((CONTAINER_SOCKET_DIR, socket_dir, True))
+    if mps_pipe_dir:
+        _join_mps(envs, mounts, resource, chosen, devices.share_slots, mps_pipe_dir)
     paths = [p for g in chosen for p in g.device_paths]
     if paths:
         paths.extend(devices.inventory.control_paths)
     return ContainerAllocation(envs, mounts, [(p, p, "rw") for p in paths])
+
+
+def _join_mps(
+    envs: dict[str, str],
+    mounts: list[tuple[str, str, bool]],
+    resource: str,
+    chosen: list[GpuInfo],
+    slots: int,
+    pipe_dir: str,
+) -> None:
+    """Where the node runs CUDA MPS, every GPU container is its client; share slots are capped.
+
+    MPS fixes a client's limits when it starts, so these are the slot's static share (its SM
+    threads and pinned memory); the coordinator moves the SDK's caps below them at run time.
+    A guaranteed container joins too (a GPU under an MPS server serves only its clients), with
+    no limit.
+    """
+    envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_CONTAINER_DIR
+    mounts.append((MPS_CONTAINER_DIR, pipe_dir, False))
+    if resource != SHARE_RESOURCE:
+        return
+    envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // slots))
+    envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+        f"{i}={g.memory_mib // slots}M" for i, g in enumerate(chosen)
+    )

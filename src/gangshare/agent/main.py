@@ -12,6 +12,7 @@ from typing import Any
 
 from gangshare.agent.backend import BackendError, GpuBackend
 from gangshare.agent.devices import DeviceError
+from gangshare.core.coordinator import ControlParams
 from gangshare.core.gpu import DEFAULT_SHARE_SLOTS
 
 log = logging.getLogger("gangshare.agent")
@@ -66,6 +67,24 @@ def add_agent_command(commands: Any) -> None:
         default=Path("/var/run/gangshare"),
         help="host folder mounted read-only into GPU containers for the training SDK",
     )
+    agent.add_argument(
+        "--mps-pipe-dir",
+        type=Path,
+        default=Path("/tmp/nvidia-mps"),
+        help="CUDA MPS pipe folder; used when an MPS control daemon runs there",
+    )
+    agent.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="slowdown a guaranteed job may see from its opportunistic neighbours (0.05 = 5%%)",
+    )
+    agent.add_argument(
+        "--control-period", type=float, default=2.0, help="seconds between coordinator decisions"
+    )
+    agent.add_argument(
+        "--metrics-port", type=int, default=9402, help="Prometheus /metrics port (0: none)"
+    )
     agent.add_argument("--verbose", action="store_true")
     agent.set_defaults(run=run_agent)
 
@@ -99,6 +118,12 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.publish_interval <= 0:
         return _fail(f"--publish-interval: must be positive, got {args.publish_interval}")
     try:
+        control = ControlParams(tolerance=args.tolerance, period_seconds=args.control_period)
+    except ValueError as err:
+        return _fail(f"--tolerance/--control-period: {err}")
+    if args.control_period <= 0:
+        return _fail(f"--control-period: must be positive, got {args.control_period}")
+    try:
         backend = open_backend(args)
     except BackendError as err:
         return _fail(str(err))
@@ -116,6 +141,8 @@ def run_agent(args: argparse.Namespace) -> int:
         socket_dir=args.socket_dir,
         share_slots=args.share_slots,
         publish_interval=args.publish_interval,
+        mps_pipe_dir=args.mps_pipe_dir,
+        control=control,
     )
     try:
         agent = Agent(
@@ -126,6 +153,10 @@ def run_agent(args: argparse.Namespace) -> int:
         )
     except DeviceError as err:
         return _fail(str(err))
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, registry=agent.metrics.registry)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     signal.signal(signal.SIGINT, lambda *_: agent.stop())
     inventory = backend.inventory()

@@ -45,7 +45,13 @@ class NodeApi:
 
     def record_assignment(self, namespace: str, name: str, uid: str, indices: str) -> bool:
         """Write the assigned GPUs on the pod; False when the pod is gone or was replaced."""
-        patch = {"metadata": {"uid": uid, "annotations": {POD_ASSIGNED_GPUS: indices}}}
+        return self.annotate_pod(namespace, name, uid, {POD_ASSIGNED_GPUS: indices})
+
+    def annotate_pod(
+        self, namespace: str, name: str, uid: str, annotations: dict[str, str]
+    ) -> bool:
+        """False when the pod is gone or was replaced (the uid precondition)."""
+        patch = {"metadata": {"uid": uid, "annotations": annotations}}
         try:
             self.core.patch_namespaced_pod(name, namespace, patch)
         except ApiException as err:
@@ -54,8 +60,29 @@ class NodeApi:
             raise
         return True
 
+    def evict_pod(self, namespace: str, name: str, uid: str) -> str | None:
+        """Evict through the Eviction API (PodDisruptionBudgets apply); why not, if refused."""
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        )
+        try:
+            self.core.create_namespaced_pod_eviction(name, namespace, body)
+        except ApiException as err:
+            if err.status == 404:
+                return None  # already gone: what eviction wanted
+            return f"{err.status} {err.reason}"
+        return None
+
     def pod_event(
-        self, namespace: str, name: str, uid: str, kind: str, reason: str, message: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        kind: str,
+        reason: str,
+        message: str,
+        action: str = "AssignGPUs",
     ) -> None:
         event = client.EventsV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{name}-", namespace=namespace),
@@ -63,7 +90,7 @@ class NodeApi:
             type=kind,
             reason=reason,
             note=message[:1024],
-            action="AssignGPUs",
+            action=action,
             reporting_controller=REPORTING_CONTROLLER,
             reporting_instance=self.instance,
             regarding=client.V1ObjectReference(

@@ -39,6 +39,7 @@ class NodeView(Protocol):
 
     devices: DeviceMap
     socket_dir: str | None
+    mps_pipe_dir: str | None
 
     def unhealthy(self) -> frozenset[int]: ...
 
@@ -138,7 +139,11 @@ class Servicer(rpc.DevicePluginServicer):
         try:
             for ask in request.container_requests:
                 answer = allocate_container(
-                    self.resource, self.view.devices, list(ask.devices_ids), self.view.socket_dir
+                    self.resource,
+                    self.view.devices,
+                    list(ask.devices_ids),
+                    self.view.socket_dir,
+                    self.view.mps_pipe_dir,
                 )
                 responses.append(
                     api.ContainerAllocateResponse(
@@ -187,6 +192,9 @@ class DevicePlugin:
 
     def _register(self) -> None:
         kubelet = self.plugin_dir / KUBELET_SOCKET
+        # Read before registering: a kubelet that restarts during the call leaves a socket
+        # newer than this, so the next pass registers again with the new one.
+        identity = self._kubelet_socket_identity()
         with grpc.insecure_channel(f"unix://{kubelet}") as channel:
             rpc.RegistrationStub(channel).Register(  # type: ignore[no-untyped-call]
                 api.RegisterRequest(
@@ -197,7 +205,7 @@ class DevicePlugin:
                 ),
                 timeout=10,
             )
-        self._kubelet_identity = self._kubelet_socket_identity()
+        self._kubelet_identity = identity
         log.info("registered %s with the kubelet at %s", self.resource, kubelet)
 
     def _kubelet_socket_identity(self) -> tuple[int, int] | None:

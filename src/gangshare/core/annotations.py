@@ -35,6 +35,12 @@ POD_PLANNED_NODE = f"{GROUP}/planned-node"
 POD_PLANNED_GPUS = f"{GROUP}/planned-gpus"
 POD_ASSIGNED_GPUS = f"{GROUP}/assigned-gpus"
 POD_GPU_MEMORY = f"{GROUP}/gpu-memory-mib"
+# The local coordinator's caps on an opportunistic pod, and why it evicted one (with the
+# steps the pod had reported, which the operator keeps in the job's status).
+POD_GPU_CAPS = f"{GROUP}/gpu-caps"
+POD_EVICTED = f"{GROUP}/evicted"
+# Which enforcement layers the node's agent found at start.
+NODE_ENFORCEMENT = f"{GROUP}/gpu-enforcement"
 
 # Keys under gangshare.io/ a tenant may set on a TrainingJob template: markers that only the
 # dev cluster's KWOK stages read. Every other gangshare.io/ key is written by gangshare alone.

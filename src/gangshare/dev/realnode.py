@@ -41,6 +41,7 @@ from gangshare.dev.realnode_config import (
     kubelet_config,
 )
 from gangshare.dev.realnode_image import BUSYBOX, IMAGE_REF, ImageError, image_tarball
+from gangshare.dev.realnode_pyimage import PY_IMAGE_REF, python_image_tarball
 
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
 # Says /var/lib/kubelet is ours to wipe: a machine's real kubelet state never is.
@@ -235,16 +236,17 @@ class RealNode:
 
     def _import_image(self) -> None:
         try:
-            tarball = image_tarball()
+            images = [(image_tarball(), IMAGE_REF), (python_image_tarball(), PY_IMAGE_REF)]
         except ImageError as err:
             raise RealNodeError(str(err)) from None
-        done = self._ctr("images", "import", str(tarball), timeout=60)
-        if done.returncode != 0 or self._ctr("images", "check", f"name=={IMAGE_REF}").returncode:
-            raise RealNodeError(
-                f"ctr images import {tarball} failed: {done.stdout.strip()}\n"
-                f"containerd log {self.children['containerd'].log}:\n"
-                f"{self.children['containerd'].tail()}"
-            )
+        for tarball, ref in images:
+            done = self._ctr("images", "import", str(tarball), timeout=120)
+            if done.returncode != 0 or self._ctr("images", "check", f"name=={ref}").returncode:
+                raise RealNodeError(
+                    f"ctr images import {tarball} failed: {done.stdout.strip()}\n"
+                    f"containerd log {self.children['containerd'].log}:\n"
+                    f"{self.children['containerd'].tail()}"
+                )
 
     def _ctr(self, *args: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str]:
         argv = ["ctr", "--address", str(self.layout.containerd_socket), "-n", "k8s.io", *args]

@@ -49,7 +49,7 @@ def image_tarball(busybox: Path = BUSYBOX) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".partial.{os.getpid()}")
-    partial.write_bytes(_archive(binary, _applets(busybox)))
+    partial.write_bytes(_archive([busybox_layer(binary, _applets(busybox))], IMAGE))
     # Atomic, so a concurrent or interrupted build never leaves half a tarball under the key.
     partial.replace(path)
     return path
@@ -65,34 +65,34 @@ def _applets(busybox: Path) -> list[str]:
     return sorted(names - {"busybox"})
 
 
-def _archive(binary: bytes, applets: list[str]) -> bytes:
-    layer = _layer(binary, applets)
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+def _archive(layers: list[bytes], image: str, env: tuple[str, ...] = ()) -> bytes:
+    diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
     config = {
         "architecture": "amd64",
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env],
             # What the pod sandbox runs; test containers bring their own command.
             "Cmd": ["sleep", "1000000"],
         },
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
-    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
-    manifest = [{"Config": config_name, "RepoTags": [IMAGE], "Layers": [layer_name]}]
+    names = [d.removeprefix("sha256:") + "/layer.tar" for d in diff_ids]
+    manifest = [{"Config": config_name, "RepoTags": [image], "Layers": names}]
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         _add_file(tar, config_name, config_bytes)
-        _add_dir(tar, layer_name.split("/")[0])
-        _add_file(tar, layer_name, layer)
+        for name, layer in zip(names, layers, strict=True):
+            _add_dir(tar, name.split("/")[0])
+            _add_file(tar, name, layer)
         _add_file(tar, "manifest.json", json.dumps(manifest).encode())
     return out.getvalue()
 
 
-def _layer(binary: bytes, applets: list[str]) -> bytes:
+def busybox_layer(binary: bytes, applets: list[str]) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for folder in ("bin", "dev", "etc", "proc", "sys", "root"):

@@ -20,7 +20,13 @@ from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.manifests import GANG_GATE, headless_service, worker_pod
 from gangshare.operator.pod_failures import detect_failure, is_deleting, pull_grace_left
-from gangshare.operator.requeue import Release, handle_failure, release_gang, start_timeout_delay
+from gangshare.operator.requeue import (
+    Release,
+    handle_failure,
+    release_gang,
+    requeue_evicted,
+    start_timeout_delay,
+)
 
 TERMINAL = ("Succeeded", "Failed")
 __all__ = ["Actions", "Event", "Limits", "Observation", "detect_actions"]
@@ -130,6 +136,8 @@ class _Gang:
 def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     spec, status, current, seen, gen = gang.spec, gang.status, gang.current, gang.seen, gang.gen
     created = _is_true(status, "GangScheduled")
+    if requeue_evicted(status, current, seen.now, gen, actions):
+        return
     failure = detect_failure(
         spec.workers, current, created, seen.now, gang.limits.image_pull_grace_seconds
     )
@@ -159,6 +167,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
                         list(worker["gpus"]),
                         int(status.get("attempt", 0)),
                         scheduler_name,
+                        resume_step=(status.get("progress") or {}).get("steps"),
                     )
                 )
         if len(current) == spec.workers:

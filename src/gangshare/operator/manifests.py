@@ -79,6 +79,7 @@ def worker_pod(
     gpus: list[int],
     attempt: int,
     scheduler_name: str = SCHEDULER_NAME,
+    resume_step: int | None = None,
 ) -> dict[str, Any]:
     template = copy.deepcopy(job.template)
     meta = template.get("metadata") or {}
@@ -106,6 +107,9 @@ def worker_pod(
     spec["affinity"] = pin_to_node(spec.get("affinity"), node)
     resource = GPU_RESOURCE if job.service_class is ServiceClass.GUARANTEED else SHARE_RESOURCE
     env = rendezvous_env(job, rank)
+    if isinstance(resume_step, int) and resume_step > 0:
+        # Where the SDK's step count starts (gangshare.sdk.resume_step()).
+        env["GANGSHARE_RESUME_STEP"] = str(resume_step)
     for position, container in enumerate(spec["containers"]):
         if position == 0:
             resources = container.setdefault("resources", {})

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from gangshare.core.annotations import POD_EVICTED
 from gangshare.core.failures import Failure, FailureClass, RetryPolicy, decide_retry
 from gangshare.operator.actions import Actions, Event
 from gangshare.operator.conditions import iso, set_condition
@@ -136,3 +138,53 @@ def handle_failure(
         }
     )
     actions.events.append(Event("Warning", "Failed", f"{failure.reason}: {decision.reason}"))
+
+
+def detect_eviction(current: dict[int, dict[str, Any]]) -> tuple[Release, int | None] | None:
+    """A worker the node's coordinator evicted: why, and the steps its SDK had reported.
+
+    Not the job's failure: an opportunistic job gave memory back to a guaranteed one. The
+    gang is requeued at once, keeping its place and its retries (AntMan: nothing is lost).
+    """
+    for rank in sorted(current):
+        pod = current[rank]
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(POD_EVICTED)
+        if raw is None:
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError:
+            record = {}
+        if not isinstance(record, dict):
+            record = {}
+        steps = record.get("steps")
+        why = str(record.get("message") or "evicted by the node's coordinator")
+        release = Release(
+            "OpportunisticEvicted",
+            f"worker {rank}: {why}; the gang is requeued, keeping its place and its retries",
+        )
+        return release, steps if isinstance(steps, int) and steps >= 0 else None
+    return None
+
+
+def requeue_evicted(
+    status: dict[str, Any],
+    current: dict[int, dict[str, Any]],
+    now: float,
+    gen: int,
+    actions: Actions,
+) -> bool:
+    """Requeue the gang if the coordinator evicted a worker; its progress goes in the status."""
+    evicted = detect_eviction(current)
+    if evicted is None:
+        return False
+    release, steps = evicted
+    release_gang(status, current, release, now, gen, actions)
+    actions.status["conditions"] = set_condition(
+        actions.status["conditions"], "Running", False, release.reason, release.message, now, gen
+    )
+    actions.status["evictions"] = int(status.get("evictions", 0)) + 1
+    had = (status.get("progress") or {}).get("steps")
+    if steps is not None and (not isinstance(had, int) or steps > had):
+        actions.status["progress"] = {"steps": steps, "time": iso(now)}
+    return True

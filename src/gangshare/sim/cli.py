@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gangshare.core.coordinator import ControlParams
 from gangshare.core.spec import SpecError
 from gangshare.sim.clusters import load_sim_cluster
 from gangshare.sim.colocation import ColocationError, load_colocation
@@ -74,7 +75,12 @@ def add_simulate_command(commands: Any) -> None:
         help="Philly under antman: share of 1-GPU jobs drawn Opportunistic",
     )
     sim.add_argument("--tolerance", type=float, default=0.05, help="guaranteed slowdown allowed")
-    sim.add_argument("--control-period", type=float, default=60.0, help="coordinator tick, s")
+    sim.add_argument(
+        "--control-period",
+        type=float,
+        default=ControlParams.period_seconds,
+        help="the coordinator's decision period, s",
+    )
     sim.add_argument("--check-invariants", action="store_true", help="check state every event")
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--jobs-csv", action="store_true", help="also write one row per job")

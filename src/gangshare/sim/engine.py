@@ -1,8 +1,9 @@
 """The event loop: arrivals, completions and control ticks on a virtual clock.
 
 At each instant, in this order: completions (their GPUs are released through
-`Cluster.release`, their run time feeds the RuntimeEstimator), the coordinator's
-control tick, arrivals, then one scheduling cycle (`decide`, i.e. the core's
+`Cluster.release`, their run time feeds the RuntimeEstimator), the control tick
+(GPUs whose coordinator has settled since a change of tenants get their settled duty
+cycle, see ledger.py), arrivals, then one scheduling cycle (`decide`, i.e. the core's
 `schedule_cycle`) when something could be admitted. Pending jobs carry the
 estimator's prediction of the moment, as the operator's do; a running job is
 expected to end at its start plus the prediction it was admitted with. A cycle is skipped when only
@@ -10,9 +11,10 @@ arrivals happened and `PendingIndex.may_start` shows none of them can start:
 nothing was freed, so everything that waited before still waits.
 
 Jobs progress at the speed the ledger gives them (1.0 alone on their GPUs), so a
-completion is rescheduled whenever a job's speed changes. An opportunistic job
-whose GPU runs out of memory (a guaranteed job placed beside it in the same
-cycle) is evicted and requeued; it keeps the work it has done (checkpointed).
+completion is rescheduled whenever a job's speed changes (a paused opportunistic job,
+duty 0, has none until it moves again). An opportunistic job whose GPU runs out of
+memory (a guaranteed job placed beside it in the same cycle) is evicted and requeued;
+it keeps the work it has done (checkpointed).
 
 A job that could not be placed even on the empty cluster, or that asks for more
 guaranteed GPUs than its queue's quota, is rejected on arrival (as the operator's
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 
 from gangshare.core import ServiceClass
 from gangshare.core.clock import ManualClock
+from gangshare.core.coordinator import ControlParams
 from gangshare.core.cycle import Admission
 from gangshare.core.estimate import RuntimeEstimator
 from gangshare.core.gang import never_fits
@@ -54,7 +57,8 @@ MAX_CYCLES_PER_INSTANT = 4
 @dataclass(frozen=True)
 class SimConfig:
     tolerance: float = 0.05
-    control_period: float = 60.0
+    # The coordinator's decision period (ControlParams.period_seconds).
+    control_period: float = ControlParams.period_seconds
     bin_seconds: float = 3600.0
     check_invariants: bool = False
 
@@ -117,8 +121,9 @@ class Simulation:
         self.jobs: dict[str, JobState] = {}
         self.usage: dict[str, int] = {}
         self.free_gpus = sum(n.free_guaranteed for n in self.cluster.nodes.values())
+        params = ControlParams(tolerance=config.tolerance, period_seconds=config.control_period)
         self.ledger = GpuLedger(
-            self.cluster, model, lambda owner: self.jobs[owner].spec.workload, config.tolerance
+            self.cluster, model, lambda owner: self.jobs[owner].spec.workload, params
         )
         self.series = TimeSeries(config.bin_seconds)
         self.records: list[JobRecord] = []
@@ -173,7 +178,7 @@ class Simulation:
                     freed = True
             if tick:
                 self.counters.ticks += 1
-                self._update_speeds(self.ledger.control(), now)
+                self._update_speeds(self.ledger.control(now), now)
             arrived: list[QueuedJob] = []
             while i < len(arrivals) and arrivals[i].trace.submit <= now:
                 arrived.append(self._arrive(arrivals[i], now))
@@ -182,7 +187,7 @@ class Simulation:
                 self._cycles(now)
             elif arrived:
                 self.counters.skipped_cycles += 1
-            self._schedule_tick(now)
+            self._schedule_tick()
             self.counters.instants += 1
             if self.check is not None:
                 self.check(self)
@@ -200,7 +205,8 @@ class Simulation:
         while events:
             when, _, kind, key, version = events[0]
             if kind == TICK:
-                if self.ledger.dirty:
+                settled = self.ledger.next_settled()
+                if settled is not None and settled <= when:
                     return
                 self._ticks.discard(when)
             elif key in self.running and self.jobs[key].version == version:
@@ -212,7 +218,7 @@ class Simulation:
         waiting = 1.0 if self.pending else 0.0
         values: tuple[float, ...] = (ledger.util_sum, ledger.memory_sum, ledger.busy)
         values += (ledger.guaranteed, ledger.slots_used, waiting, waiting * ledger.util_sum)
-        values += (waiting * ledger.memory_sum, ledger.beside)
+        values += (waiting * ledger.memory_sum, ledger.beside, ledger.beside_speed)
         self.series.add(self._now, now, values)
         self._now = now
         self.clock.set(now)
@@ -221,12 +227,9 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._events, (when, self._seq, kind, key, version))
 
-    def _schedule_tick(self, now: float) -> None:
-        if not self.ledger.dirty:
-            return
-        period = self.config.control_period
-        when = (now // period + 1) * period
-        if when not in self._ticks:
+    def _schedule_tick(self) -> None:
+        when = self.ledger.next_settled()
+        if when is not None and when not in self._ticks:
             self._ticks.add(when)
             self._push(when, TICK)
 
@@ -287,7 +290,7 @@ class Simulation:
         if cls is ServiceClass.GUARANTEED:
             self.usage[queued.queue] = self.usage.get(queued.queue, 0) + queued.gpus
             self.free_gpus -= queued.gpus
-        owners = self.ledger.refresh(job.gpus)
+        owners = self.ledger.refresh(job.gpus, now)
         owners.add(queued.key)
         self._update_speeds(owners, now)
         return job.gpus
@@ -324,8 +327,9 @@ class Simulation:
             job.updated = now
             job.speed = speed
             job.version += 1
-            remaining = max(0.0, job.spec.trace.duration - job.done)
-            self._push(now + remaining / speed, COMPLETE, owner, job.version)
+            if speed > 0:  # else paused (duty 0): its end is pushed when it moves again
+                remaining = max(0.0, job.spec.trace.duration - job.done)
+                self._push(now + remaining / speed, COMPLETE, owner, job.version)
 
     def _stop(self, job: JobState, now: float) -> None:
         """Take a running job off its GPUs (finished or evicted)."""
@@ -341,7 +345,7 @@ class Simulation:
         gpus, job.gpus = job.gpus, []
         job.speed = 0.0
         job.version += 1
-        self._update_speeds(self.ledger.refresh(gpus), now)
+        self._update_speeds(self.ledger.refresh(gpus, now), now)
 
     def _finish(self, job: JobState, now: float) -> None:
         trace = job.spec.trace

@@ -24,7 +24,8 @@ def _fail(message: str) -> None:
 
 
 def check_gpus(sim: Simulation) -> None:
-    """No GPU over-allocated: share slots and memory within limits, no job on a GPU twice."""
+    """No GPU over-allocated: share slots and memory within limits, no job on a GPU twice; each
+    GPU's duty is the coordinator's (its floor while settling) and its speeds are up to date."""
     ledger = sim.ledger
     for gid, gpu in ledger.gpus.items():
         if gpu.guaranteed is not None and not gpu.gpu.healthy:
@@ -38,7 +39,14 @@ def check_gpus(sim: Simulation) -> None:
         if memory > gpu.gpu.memory_mib:
             _fail(f"GPU {gid}: {memory} MiB in use of {gpu.gpu.memory_mib}")
         guaranteed, opportunistic = ledger.tenants(gid)
-        expected = share_gpu(guaranteed, opportunistic, ledger.duty[gid], ledger.model)
+        if gid in ledger.settling:
+            duty = ledger.coordinator.params.floor_duty
+        else:
+            g = None if guaranteed is None else guaranteed[1]
+            duty = ledger.coordinator.duty(g, [w for _, w in opportunistic])
+        if ledger.duty[gid] != duty:
+            _fail(f"GPU {gid}: duty {ledger.duty[gid]}, the coordinator's is {duty}")
+        expected = share_gpu(guaranteed, opportunistic, duty, ledger.model)
         if expected != ledger.share[gid]:
             _fail(f"GPU {gid}: ledger is stale: {ledger.share[gid]} != {expected}")
 
@@ -58,6 +66,14 @@ def check_books(sim: Simulation) -> None:
     tracked = (ledger.busy, ledger.slots_used, ledger.guaranteed, ledger.beside)
     if tracked != (busy, slots, held, beside):
         _fail(f"ledger totals: tracked {tracked}, counted {(busy, slots, held, beside)}")
+    speed = sum(
+        ledger.share[gid].speeds[t.owner]
+        for gid, g in ledger.gpus.items()
+        if g.guaranteed is not None
+        for t in g.opportunistic
+    )
+    if abs(ledger.beside_speed - speed) > 1e-6 * max(1.0, speed):
+        _fail(f"opportunistic speed beside guaranteed jobs: tracked {ledger.beside_speed}, {speed}")
     for key, job in sim.running.items():
         placed = sorted((a.node, g) for a in sim.cluster.allocations_of(key) for g in a.gpu_indices)
         if placed != sorted(sim.jobs[key].gpus) or len(placed) != job.gpus:

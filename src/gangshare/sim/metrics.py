@@ -10,6 +10,9 @@ Definitions (the Markdown report repeats them):
   use over all GPUs (cluster-wide), over occupied GPUs only, and over all GPUs
   while some job waits (backlog: where sharing can add work; over the whole replay
   the work is fixed by the trace, so only its timing can change).
+- opportunistic progress = solo GPU-time of opportunistic jobs / share-slot time they
+  held (their work-weighted speed while placed, as a fraction of solo); the same over
+  the slots beside a guaranteed job only (time-averaged speed there).
 - Jain's fairness index over queues (virtual clusters) of x_q = mean over the
   queue's finished jobs of (solo duration / JCT): 1.0 when every queue's jobs are
   stretched alike, 1/n when one queue gets all the service.
@@ -92,6 +95,7 @@ class TimeSeries:
         "util_backlog",
         "memory_backlog",
         "beside",
+        "beside_speed",
     )
     bins: list[list[float]] = field(default_factory=list)
     totals: dict[str, float] = field(default_factory=dict)
@@ -148,6 +152,8 @@ def summarize(
     busy = totals.get("busy", 0.0)
     backlog = totals.get("backlog", 0.0)
     guaranteed = [r for r in records if r.service_class == "Guaranteed"]
+    opportunistic = [r for r in records if r.service_class == "Opportunistic"]
+    slot_seconds = sum(r.held for r in opportunistic)
     classes = sorted({r.service_class for r in records})
     queues = sorted({r.queue for r in records})
     return {
@@ -182,6 +188,17 @@ def summarize(
         # Share of opportunistic GPU-time spent beside a guaranteed job (the rest: spare GPUs).
         "opportunistic_beside_guaranteed": (
             totals.get("beside", 0.0) / totals["slots"] if totals.get("slots") else 0.0
+        ),
+        # Solo GPU-time of the opportunistic jobs over the share-slot time they held: their
+        # speed while placed (fraction of solo), work-weighted; and the same beside guaranteed
+        # jobs only (where the coordinator's duty cycle caps them).
+        "opportunistic_progress": (
+            sum(r.duration * r.gpus for r in opportunistic) / slot_seconds
+            if slot_seconds
+            else math.nan
+        ),
+        "opportunistic_progress_beside": (
+            totals.get("beside_speed", 0.0) / totals["beside"] if totals.get("beside") else math.nan
         ),
         "jain_fairness_queues": fairness(records),
     }

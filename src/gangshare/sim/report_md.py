@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gangshare.core.coordinator import ControlParams
+from gangshare.sim.engine import SimConfig
 from gangshare.sim.outputs import class_table, jct_table, speed_table, utilization_table
 from gangshare.sim.policy import __doc__ as POLICY_DOC
 from gangshare.sim.report_compare import (
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 
 
 def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
+    law = ControlParams(tolerance=SimConfig.tolerance, period_seconds=SimConfig.control_period)
+    step, tol, period = law.step_up, law.tolerance, law.period_seconds
     lines = ["## Setup", "", "| experiment | trace | cluster | jobs replayed | left out |"]
     lines.append("| --- | --- | --- | ---: | --- |")
     for o in outcomes:
@@ -76,10 +80,17 @@ def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
         "jobs declare their workload's memory; the core lends memory beside a guaranteed job",
         "from its published use plus 10% headroom. On a GPU, opportunistic tenants run at a duty",
         "cycle d: guaranteed speed = 1 - d * sum(1 - s(G|O_i)), opportunistic speed = d * (1 -",
-        "its summed losses); the coordinator sets d = min(1, 0.05 / sum(1 - s(G|O_i))) at its",
-        "control ticks (every 60 s), so between a change and the next tick interference is",
-        "uncapped. A gang moves at its slowest GPU's speed. An opportunistic job whose GPU runs",
-        "out of memory is evicted and requeued with its progress kept.",
+        "its summed losses). d is where the node agent's own control law",
+        "(`gangshare.core.coordinator`, run to rest by `gangshare.core.settle`) settles against",
+        "that response: it pauses the opportunistic tenants while it measures the guaranteed",
+        f"job's solo step time, then grows d in steps of {step:g} while the guaranteed job's step",
+        f"time stays within {tol:.0%} of solo, so d is the highest step within {tol:.0%}",
+        "(0 where even the lowest is too much). After a change of tenants on a GPU that holds a",
+        "guaranteed job, its opportunistic tenants are paused for as long as the law takes to",
+        f"settle (its decisions x {period:g} s, under a minute), then run at d; with no",
+        "guaranteed job nothing is capped. A gang moves at its slowest GPU's speed. An",
+        "opportunistic job whose GPU runs out of memory is evicted and",
+        "requeued with its progress kept.",
         "",
         "### Metrics",
         "",
@@ -87,7 +98,9 @@ def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
         "duration - 1. Utilization is time-averaged: GPUs allocated (holding a guaranteed job),",
         "GPUs occupied (any tenant), and effective SM and memory utilization over all GPUs, over",
         "occupied GPUs, and over all GPUs while at least one job waits (backlog). Jain's index is",
-        "over VCs of x = mean(solo duration / JCT) of the VC's jobs.",
+        "over VCs of x = mean(solo duration / JCT) of the VC's jobs. Opportunistic progress =",
+        "their solo GPU-time / the share-slot time they held (their average speed while placed,",
+        "as a fraction of solo), and the time-averaged speed of those beside a guaranteed job.",
         "",
     ]
     return lines

@@ -1,15 +1,20 @@
-"""How jobs sharing one GPU progress, and the local coordinator's cap on opportunistic tenants.
+"""How jobs sharing one GPU progress, and the duty cycle the local coordinator settles at.
 
 s(a|b) is the measured speed of workload a beside workload b (fraction of solo,
 from `ColocationModel`). Opportunistic tenants of a GPU run at one duty cycle d
-(the share of time the coordinator lets them issue kernels, 0 < d <= 1), and the
+(the share of time the coordinator lets them issue kernels, 0 <= d <= 1), and the
 model is linear in d, between "not running" (d = 0) and "measured pair" (d = 1):
 
-- guaranteed G:       speed = 1 - d * sum_i (1 - s(G|O_i))
+- guaranteed G:       speed = max(MIN_SPEED, 1 - d * sum_i (1 - s(G|O_i)))
 - opportunistic O_i:  speed = d * (1 - (1 - s(O_i|G)) - d * sum_{j != i} (1 - s(O_i|O_j)))
   (interference from several neighbours adds up; floored at MIN_SPEED * d)
-- coordinator: d = min(1, tolerance / sum_i (1 - s(G|O_i))), so G keeps at least
-  1 - tolerance of its solo speed; with no guaranteed tenant nothing is capped (d = 1).
+- coordinator: d is where the shipped control law (`gangshare.core.coordinator`)
+  settles when the guaranteed tenant's step time responds as above, i.e.
+  `settle(lambda d: 1 / speed_G(d), ControlParams(tolerance=...))`: it grows d in
+  steps while G's step time stays within the tolerance of its solo time, so d lies
+  on the law's grid (0.05 steps) and is 0 where even its lowest step is too much.
+  With no guaranteed tenant nothing is capped (d = 1). `Coordinator` caches the
+  outcome per (guaranteed workload, opportunistic workloads).
 - SM utilization: the base tenant (G, else the first opportunistic one) at its
   solo utilization, plus d * (pair utilization - base solo utilization) for each
   other tenant when that is positive, capped at 100%.
@@ -19,9 +24,11 @@ model is linear in d, between "not running" (d = 0) and "measured pair" (d = 1):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gangshare.core.coordinator import ControlParams
+from gangshare.core.settle import Settled, settle
 from gangshare.sim.colocation import MIN_SPEED, ColocationModel
 
 # An (owner, workload index) pair: who holds the GPU and what it runs.
@@ -40,19 +47,37 @@ class GpuShare:
 IDLE = GpuShare({}, 0.0, 0)
 
 
-def coordinator_duty(
-    guaranteed: int | None,
-    opportunistic: Sequence[int],
-    tolerance: float,
-    model: ColocationModel,
-) -> float:
-    """The duty cycle the coordinator allows opportunistic tenants beside a guaranteed one."""
-    if guaranteed is None or not opportunistic:
-        return 1.0
-    slowdown = sum(1.0 - model.speed(guaranteed, o) for o in opportunistic)
-    if slowdown <= tolerance:
-        return 1.0
-    return tolerance / slowdown
+class Coordinator:
+    """The duty cycle the local coordinator's law settles at beside a guaranteed tenant."""
+
+    def __init__(self, model: ColocationModel, params: ControlParams) -> None:
+        self.model = model
+        self.params = params
+        self._settled: dict[tuple[int, tuple[int, ...]], Settled] = {}
+
+    def settled(self, guaranteed: int, opportunistic: Sequence[int]) -> Settled:
+        """Where the law ends with these tenants, and how many decisions it takes to get there."""
+        key = (guaranteed, tuple(sorted(opportunistic)))
+        found = self._settled.get(key)
+        if found is None:
+            loss = guaranteed_loss(self.model, guaranteed, key[1])
+            found = settle(lambda duty: 1.0 / guaranteed_speed(loss, duty), self.params)
+            self._settled[key] = found
+        return found
+
+    def duty(self, guaranteed: int | None, opportunistic: Sequence[int]) -> float:
+        if guaranteed is None or not opportunistic:
+            return 1.0
+        return self.settled(guaranteed, opportunistic).duty
+
+
+def guaranteed_loss(model: ColocationModel, guaranteed: int, opportunistic: Iterable[int]) -> float:
+    """What the guaranteed tenant loses beside these neighbours at full duty: sum of 1 - s(G|O)."""
+    return sum(1.0 - model.speed(guaranteed, o) for o in opportunistic)
+
+
+def guaranteed_speed(loss: float, duty: float) -> float:
+    return max(MIN_SPEED, 1.0 - duty * loss)
 
 
 def share_gpu(
@@ -72,8 +97,8 @@ def share_gpu(
     speeds: dict[str, float] = {}
     if guaranteed is not None:
         g_owner, g_work = guaranteed
-        loss = sum(1.0 - model.speed(g_work, w) for _, w in opportunistic)
-        speeds[g_owner] = max(MIN_SPEED, 1.0 - duty * loss)
+        loss = guaranteed_loss(model, g_work, (w for _, w in opportunistic))
+        speeds[g_owner] = guaranteed_speed(loss, duty)
         memory += workloads[g_work].memory_mib
     for i, (owner, work) in enumerate(opportunistic):
         loss = 0.0 if guaranteed is None else 1.0 - model.speed(work, guaranteed[1])

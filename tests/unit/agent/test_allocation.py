@@ -86,3 +86,20 @@ def test_a_real_node_passes_the_gpus_device_files_and_the_control_devices() -> N
 def test_share_slots_must_be_positive() -> None:
     with pytest.raises(DeviceError, match="share slots: must be at least 1"):
         make_spec().gpus(1).devices(share_slots=0)
+
+
+def test_on_an_mps_node_share_slots_get_the_slots_threads_and_memory() -> None:
+    inventory = Inventory(
+        (GpuInfo(0, "GPU-a", "M", 16384), GpuInfo(1, "GPU-b", "M", 16384)), ((0, 0), (0, 0))
+    )
+    devices = DeviceMap(inventory, 4)
+    share = allocate_container(SHARE, devices, ["GPU-b::1", "GPU-a::0"], None, "/tmp/nvidia-mps")
+    assert share.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/nvidia-mps"
+    assert share.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert share.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
+    assert ("/var/run/nvidia-mps", "/tmp/nvidia-mps", False) in share.mounts
+    whole = allocate_container(GPU, devices, ["GPU-a"], None, "/tmp/nvidia-mps")
+    assert whole.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/nvidia-mps"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in whole.envs
+    without = allocate_container(SHARE, devices, ["GPU-a::0"], None)
+    assert not any(k.startswith("CUDA_MPS") for k in without.envs)

@@ -56,6 +56,7 @@ class View:
     def __init__(self, devices: DeviceMap) -> None:
         self.devices = devices
         self.socket_dir: str | None = "/run/gangshare"
+        self.mps_pipe_dir: str | None = None
         self.sick: set[int] = set()
         self.plan: tuple[int, ...] | None = None
         self.allocations = 0

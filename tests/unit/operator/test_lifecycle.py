@@ -1,7 +1,10 @@
 """The TrainingJob state machine, decided from observations alone (no API server)."""
 
+import json
+
 from jobs import make_job, pod
 
+from gangshare.core.annotations import POD_EVICTED
 from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import iso
 from gangshare.operator.lifecycle import Limits, Observation, detect_actions
@@ -297,3 +300,31 @@ def test_pods_the_job_does_not_control_are_never_touched():
     stale_impostor["metadata"]["ownerReferences"] = []
     actions = detect(job, pods=[*mine, impostor, stale_impostor])
     assert actions.empty  # neither a failure of this gang nor a stale pod to delete
+
+
+def test_a_worker_the_coordinator_evicted_requeues_the_gang_keeping_retries_and_progress():
+    job = make_job("j").status(phase="Running", attempt=2, restarts=1).build()
+    evicted = pod("j", 0, attempt=2, phase="Running", node="n-0")
+    evicted["metadata"]["deletionTimestamp"] = iso(NOW)
+    evicted["metadata"].setdefault("annotations", {})[POD_EVICTED] = json.dumps(
+        {
+            "reason": "GpuMemoryOverCap",
+            "message": "uses 9000 MiB against a cap of 4000 MiB",
+            "steps": 120,
+        }
+    )
+    actions = detect(job, pods=[evicted])
+    status = actions.status
+    assert (status["phase"], status["attempt"], status["evictions"]) == ("Queued", 3, 1)
+    assert "restarts" not in status and "queuedAt" not in status  # no retry spent, place kept
+    assert status["progress"]["steps"] == 120
+    assert [e.reason for e in actions.events] == ["OpportunisticEvicted"]
+    assert "uses 9000 MiB against a cap of 4000 MiB" in actions.events[0].message
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["status"] == "False" and running["reason"] == "OpportunisticEvicted"
+    # The next attempt's workers start from the reported step.
+    again = make_job("j").status(phase="Admitted", attempt=3, progress={"steps": 120})
+    again = again.status(placement=[{"rank": 0, "node": "n-0", "gpus": [0]}]).build()
+    created = detect(again, pods=[]).create_pods
+    env = {e["name"]: e["value"] for e in created[0]["spec"]["containers"][0]["env"]}
+    assert env["GANGSHARE_RESUME_STEP"] == "120"

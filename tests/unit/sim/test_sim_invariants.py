@@ -82,3 +82,16 @@ def test_the_gpu_check_catches_an_over_committed_gpu():
     sim.ledger.gpus[gid].opportunistic.extend(tenants)
     with pytest.raises(InvariantError, match=r"GPU \('n0', 0\): 5 tenants in 4 share slots"):
         check_gpus(sim)
+
+
+def test_the_gpu_check_catches_a_duty_the_coordinator_did_not_set():
+    jobs = [job("G", 0, 100), job("O", 0, 100, cls=OPP, workload=1)]
+    sim = simulate(jobs, setup(gpus=1), checked=False)
+    gid = ("n0", 0)
+    sim.ledger.gpus[gid].guaranteed = Tenant("G", "G/0", G, 0)
+    sim.ledger.gpus[gid].opportunistic.append(Tenant("O", "O/0", OPP, 2000))
+    sim.ledger.duty[gid] = 1.0  # not settling, and the law's duty beside G is 0.2
+    with pytest.raises(
+        InvariantError, match=r"GPU \('n0', 0\): duty 1.0, the coordinator's is 0.2"
+    ):
+        check_gpus(sim)

@@ -47,6 +47,12 @@ def test_results_markdown_tables_every_policy_and_compares_with_helios():
     assert "| philly | fifo | antman |" in text  # the AntMan comparison row
     assert "opportunistic GPU-time beside a guaranteed job" in text
     antman = outcomes[0].results[2].summary
+    # What sharing cost the guaranteed jobs and gave the opportunistic ones.
+    slow = antman["guaranteed_slowdown"]
+    progress = antman["opportunistic_progress"]
+    assert f"| philly | antman | {100 * slow['mean']:.1f}% / " in text
+    assert f"% | {100 * progress:.1f}% | " in text
+    assert 0 < progress < 1
     change = 100 * (antman["jct"]["mean"] / philly["jct"]["mean"] - 1)
     assert f"| antman | {antman['jct']['mean']:,.0f} | {change:+.0f}% |" in text
     assert "| vc-a |" in text and "| vc-b |" in text  # per-VC queueing

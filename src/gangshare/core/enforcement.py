@@ -1,0 +1,151 @@
+"""From caps to enforcement: one cap per opportunistic pod, and the backstop that holds it.
+
+The law (coordinator.py) decides per GPU. Here:
+- a pod gets the tightest caps of its GPUs, and a gang one duty (its slowest rank's);
+- a pod cooperates when its SDK reports steps and its reported busy share stays within its
+  duty; one that does not (no SDK, silent, or busier than allowed) is duty-cycled by
+  stop/continue, together with the rest of its gang on the node, never one rank alone;
+- a pod whose GPU memory stays over its cap past a grace is evicted (and requeued by the
+  operator); guaranteed pods never get caps, so they are never throttled or evicted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from gangshare.core.coordinator import Caps, GpuDecision
+
+
+@dataclass(frozen=True)
+class EnforcementParams:
+    # Over its memory cap by more than this, for longer than that, a pod is evicted.
+    memory_grace_mib: int = 256
+    memory_grace_seconds: float = 10.0
+    # How far a pod's reported busy share may exceed its duty before it counts as ignoring it.
+    busy_slack: float = 0.1
+    # An SDK that has not reported for this long is not cooperating.
+    report_timeout_seconds: float = 30.0
+    # One stop/continue cycle of the backstop.
+    throttle_period_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class SdkReport:
+    """What a pod's SDK said lately: when it last reported, and its busy share of wall time."""
+
+    last_at: float
+    busy_share: float | None
+
+
+@dataclass(frozen=True)
+class Eviction:
+    uid: str
+    reason: str
+    message: str
+
+
+def pod_caps(decisions: Mapping[int, GpuDecision], gangs: Mapping[str, str]) -> dict[str, Caps]:
+    """Each opportunistic pod's caps: the tightest of its GPUs, and one duty for its gang.
+
+    A gang's ranks wait for each other at every step, so a duty below the others' for one
+    rank slows all of them; giving the whole gang the lowest duty costs nothing more and keeps
+    the ranks in step. `gangs` maps pod uid -> gang key (pods without one are their own).
+    """
+    tightest: dict[str, Caps] = {}
+    for decision in decisions.values():
+        for uid, caps in decision.caps.items():
+            had = tightest.get(uid)
+            tightest[uid] = caps if had is None else _tighter(had, caps)
+    gang_duty: dict[str, float] = {}
+    for uid, caps in tightest.items():
+        key = gangs.get(uid, uid)
+        gang_duty[key] = min(gang_duty.get(key, 1.0), caps.duty)
+    return {
+        uid: replace(caps, duty=gang_duty[gangs.get(uid, uid)]) for uid, caps in tightest.items()
+    }
+
+
+def _tighter(a: Caps, b: Caps) -> Caps:
+    return Caps(min(a.duty, b.duty), min(a.memory_mib, b.memory_mib))
+
+
+def cooperation(
+    caps: Caps,
+    report: SdkReport | None,
+    now: float,
+    params: EnforcementParams,
+    capped_since: float | None = None,
+) -> tuple[str, str] | None:
+    """Why a capped pod does not keep its duty by itself (a CamelCase cause and a message),
+    or None when it does. A pod capped only lately gets the report timeout to start its SDK
+    (a container imports its framework before its first step)."""
+    if caps.duty >= 1.0:
+        return None
+    if report is None:
+        if capped_since is not None and now - capped_since < params.report_timeout_seconds:
+            return None
+        return "NoSdk", "no training SDK connected"
+    if now - report.last_at > params.report_timeout_seconds:
+        return "SdkSilent", f"its SDK has not reported for {now - report.last_at:.0f}s"
+    if report.busy_share is not None and report.busy_share > caps.duty + params.busy_slack:
+        return (
+            "OverDuty",
+            f"busy {report.busy_share:.0%} of the time against a duty of {caps.duty:.0%}",
+        )
+    return None
+
+
+def backstop_duties(
+    caps: Mapping[str, Caps], uncooperative: Iterable[str], gangs: Mapping[str, str]
+) -> dict[str, float]:
+    """Duties to hold by stop/continue: each uncooperative pod's, and all of its gang's pods."""
+    throttled = {gangs.get(uid, uid) for uid in uncooperative}
+    gang_duty: dict[str, float] = {}
+    for uid, cap in caps.items():
+        key = gangs.get(uid, uid)
+        if key in throttled:
+            gang_duty[key] = min(gang_duty.get(key, 1.0), cap.duty)
+    return {uid: gang_duty[gangs.get(uid, uid)] for uid in caps if gangs.get(uid, uid) in gang_duty}
+
+
+def running_at(duty: float, now: float, period: float) -> bool:
+    """Whether a duty-cycled pod may run at `now`: the first `duty` of every period."""
+    if duty >= 1.0:
+        return True
+    if duty <= 0.0:
+        return False
+    return (now % period) < duty * period
+
+
+def memory_overruns(
+    caps: Mapping[str, Caps],
+    used_mib: Mapping[str, int],
+    over_since: Mapping[str, float],
+    now: float,
+    params: EnforcementParams,
+) -> tuple[dict[str, float], list[Eviction]]:
+    """Pods over their memory cap, since when, and those over it past the grace.
+
+    `used_mib` is a pod's largest use on any one of its GPUs, as NVML reports it per process:
+    what the pod really holds, whatever its SDK says.
+    """
+    still: dict[str, float] = {}
+    evict: list[Eviction] = []
+    for uid, cap in caps.items():
+        used = used_mib.get(uid, 0)
+        if used <= cap.memory_mib + params.memory_grace_mib:
+            continue
+        since = over_since.get(uid, now)
+        still[uid] = since
+        if now - since >= params.memory_grace_seconds:
+            evict.append(
+                Eviction(
+                    uid,
+                    "GpuMemoryOverCap",
+                    f"uses {used} MiB of GPU memory against a cap of {cap.memory_mib} MiB "
+                    f"for {now - since:.0f}s; evicted to give a guaranteed job its memory, "
+                    "and requeued",
+                )
+            )
+    return still, evict
