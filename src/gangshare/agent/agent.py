@@ -89,8 +89,11 @@ class Agent:
             if config.socket_dir
             else None
         )
-        throttler = Throttler(config.enforcement.throttle_period_seconds)
-        self.throttler = throttler if self.layers.stop_continue else None
+        self.throttler = (
+            Throttler(config.enforcement.throttle_period_seconds)
+            if self.layers.stop_continue
+            else None
+        )
         self.control = ControlLoop(
             self.coordinator,
             backend,

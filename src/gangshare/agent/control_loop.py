@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ from gangshare.core.annotations import JOB_LABEL, POD_EVICTED, POD_GPU_CAPS
 
 log = logging.getLogger("gangshare.agent")
 PID_CACHE_LIMIT = 4096
+RELIST_SECONDS = 60.0
 
 
 class ControlLoop:
@@ -42,7 +44,10 @@ class ControlLoop:
         throttler: Throttler | None,
         metrics: AgentMetrics,
         pod_of_pid: Callable[[int], str | None] = pod_uid_of,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
+        self._listed_at = float("-inf")
         self.coordinator = coordinator
         self.backend = backend
         self.api = api
@@ -58,8 +63,13 @@ class ControlLoop:
 
     def once(self) -> Outcome:
         kubelet = self.kubelet()
-        if set(kubelet) - set(self.pods):
+        now = self.clock()
+        # PodResources names pods, not UIDs: a pod recreated under the same name keeps its
+        # key, so the UIDs are also read again now and then, not only for new names.
+        if set(kubelet) - set(self.pods) or now - self._listed_at >= RELIST_SECONDS:
             self.pods = _pod_infos(self.api.pods_on_node(), kubelet)
+            self._listed_at = now
+            self._pids.clear()  # a PID the kernel reused now belongs to another pod
         self.pods = {k: v for k, v in self.pods.items() if k in kubelet}
         memory = memory_by_pod(self.backend.processes(), self.pod_of_pid)
         outcome = self.coordinator.decide(kubelet, self.pods, memory)
@@ -91,10 +101,11 @@ class ControlLoop:
                 self.api.pod_event(*names[uid], uid, "Normal", reason, message, "CapGPU")
 
     def _throttle(self, outcome: Outcome, names: Mapping[str, tuple[str, str]]) -> None:
-        gangs = {p.uid: p.gang for p in self.pods.values()}
-        duties = self.coordinator.backstop(outcome, gangs)
+        duties = outcome.backstop
         for uid in set(duties) - self._throttled:
-            cause, why = outcome.throttled.get(uid, ("GangThrottled", "a rank of its gang is"))
+            cause, why = outcome.throttled.get(
+                uid, ("GangThrottled", "another rank of its gang ignores its caps")
+            )
             self.metrics.throttles.labels(self.metrics.node, cause).inc()
             log.warning(
                 "throttling pod %s by stop/continue at duty %.2f: %s", uid, duties[uid], why

@@ -70,7 +70,9 @@ class Outcome:
     caps: Mapping[str, Caps]
     changed: Mapping[str, WireCaps]
     changes: list[tuple[str, str, str]]  # (pod uid, reason, message)
-    throttled: Mapping[str, tuple[str, str]]  # pod uid -> (cause, why): backstop duty-cycled
+    throttled: Mapping[str, tuple[str, str]]  # pod uid -> (cause, why) it ignores its caps
+    # Pod uid -> duty the stop/continue backstop holds: the throttled pods and their gangs.
+    backstop: Mapping[str, float]
     evictions: list[Eviction]
     controls: Mapping[int, GpuControl]
 
@@ -172,10 +174,8 @@ class Coordinator:
             for uid in list(self._reports):
                 if uid not in caps and uid not in steps:
                     del self._reports[uid]
-        return Outcome(caps, changed, changes, throttled, evictions, dict(self._controls))
-
-    def backstop(self, outcome: Outcome, gangs: Mapping[str, str]) -> dict[str, float]:
-        return backstop_duties(outcome.caps, outcome.throttled, gangs)
+        backstop = backstop_duties(caps, throttled, gangs)
+        return Outcome(caps, changed, changes, throttled, backstop, evictions, dict(self._controls))
 
     def _tenants(
         self,

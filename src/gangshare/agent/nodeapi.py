@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import socket
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.core.annotations import POD_ASSIGNED_GPUS
+from gangshare.operator.kubeapi import post_event
 
 log = logging.getLogger("gangshare.agent")
 REPORTING_CONTROLLER = "gangshare.io/agent"
@@ -84,20 +84,16 @@ class NodeApi:
         message: str,
         action: str = "AssignGPUs",
     ) -> None:
-        event = client.EventsV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{name}-", namespace=namespace),
-            event_time=datetime.now(UTC),
-            type=kind,
-            reason=reason,
-            note=message[:1024],
-            action=action,
-            reporting_controller=REPORTING_CONTROLLER,
-            reporting_instance=self.instance,
-            regarding=client.V1ObjectReference(
-                api_version="v1", kind="Pod", name=name, namespace=namespace, uid=uid
-            ),
+        regarding = client.V1ObjectReference(
+            api_version="v1", kind="Pod", name=name, namespace=namespace, uid=uid
         )
-        try:
-            self.events.create_namespaced_event(namespace, event)
-        except ApiException as err:
-            log.warning("event %s for %s/%s refused: %s", reason, namespace, name, err.reason)
+        post_event(
+            self.events,
+            regarding,
+            kind,
+            reason,
+            message,
+            action,
+            REPORTING_CONTROLLER,
+            self.instance,
+        )

@@ -47,15 +47,20 @@ def image_tarball(busybox: Path = BUSYBOX) -> Path:
     path = cache_dir() / f"gangshare-test-{key}.tar"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".partial.{os.getpid()}")
-    partial.write_bytes(_archive([busybox_layer(binary, _applets(busybox))], IMAGE))
-    # Atomic, so a concurrent or interrupted build never leaves half a tarball under the key.
-    partial.replace(path)
+    store(path, docker_archive([busybox_layer(binary, busybox_applets(busybox))], IMAGE))
     return path
 
 
-def _applets(busybox: Path) -> list[str]:
+def store(path: Path, data: bytes) -> None:
+    """Write a cached image. Atomic, so a concurrent or interrupted build never leaves half a
+    tarball under the key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".partial.{os.getpid()}")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+def busybox_applets(busybox: Path) -> list[str]:
     listed = subprocess.run(
         [str(busybox), "--list"], capture_output=True, text=True, check=False, timeout=10
     )
@@ -65,7 +70,7 @@ def _applets(busybox: Path) -> list[str]:
     return sorted(names - {"busybox"})
 
 
-def _archive(layers: list[bytes], image: str, env: tuple[str, ...] = ()) -> bytes:
+def docker_archive(layers: list[bytes], image: str, env: tuple[str, ...] = ()) -> bytes:
     diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
     config = {
         "architecture": "amd64",
@@ -84,11 +89,11 @@ def _archive(layers: list[bytes], image: str, env: tuple[str, ...] = ()) -> byte
     manifest = [{"Config": config_name, "RepoTags": [image], "Layers": names}]
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        _add_file(tar, config_name, config_bytes)
+        add_file(tar, config_name, config_bytes)
         for name, layer in zip(names, layers, strict=True):
-            _add_dir(tar, name.split("/")[0])
-            _add_file(tar, name, layer)
-        _add_file(tar, "manifest.json", json.dumps(manifest).encode())
+            add_dir(tar, name.split("/")[0])
+            add_file(tar, name, layer)
+        add_file(tar, "manifest.json", json.dumps(manifest).encode())
     return out.getvalue()
 
 
@@ -96,21 +101,21 @@ def busybox_layer(binary: bytes, applets: list[str]) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for folder in ("bin", "dev", "etc", "proc", "sys", "root"):
-            _add_dir(tar, folder)
-        _add_dir(tar, "tmp", mode=0o1777)
-        _add_file(tar, "bin/busybox", binary, mode=0o755)
+            add_dir(tar, folder)
+        add_dir(tar, "tmp", mode=0o1777)
+        add_file(tar, "bin/busybox", binary, mode=0o755)
         for applet in applets:
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type = tarfile.SYMTYPE
             link.linkname = "busybox"
             link.mtime = EPOCH
             tar.addfile(link)
-        _add_file(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
-        _add_file(tar, "etc/group", b"root:x:0:\n")
+        add_file(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
+        add_file(tar, "etc/group", b"root:x:0:\n")
     return out.getvalue()
 
 
-def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
+def add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
     info.mode = mode
@@ -118,7 +123,7 @@ def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
     tar.addfile(info)
 
 
-def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+def add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = mode

@@ -21,12 +21,13 @@ from pathlib import Path
 from gangshare.dev.realnode_image import (
     BUSYBOX,
     ImageError,
-    _add_dir,
-    _add_file,
-    _applets,
-    _archive,
+    add_dir,
+    add_file,
+    busybox_applets,
     busybox_layer,
     cache_dir,
+    docker_archive,
+    store,
 )
 
 PY_IMAGE = "gangshare-sdk-test:1"
@@ -55,17 +56,15 @@ SDK = Path(__file__).resolve().parents[1] / "sdk"
 def python_image_tarball() -> Path:
     files = _python_files()
     sdk = sorted(SDK.glob("*.py"))
-    digest = hashlib.sha256(RECIPE.encode() + BUSYBOX.read_bytes())
+    busybox = BUSYBOX.read_bytes()
+    digest = hashlib.sha256(RECIPE.encode() + busybox)
     for path in files + sdk:
         digest.update(str(path).encode() + path.read_bytes())
     path = cache_dir() / f"gangshare-sdk-test-{digest.hexdigest()[:16]}.tar"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    layers = [busybox_layer(BUSYBOX.read_bytes(), _applets(BUSYBOX)), _python_layer(files, sdk)]
-    partial = path.with_suffix(f".partial.{os.getpid()}")
-    partial.write_bytes(_archive(layers, PY_IMAGE, ("PYTHONPATH=/opt/gangshare",)))
-    partial.replace(path)
+    layers = [busybox_layer(busybox, busybox_applets(BUSYBOX)), _python_layer(files, sdk)]
+    store(path, docker_archive(layers, PY_IMAGE, ("PYTHONPATH=/opt/gangshare",)))
     for old in cache_dir().glob("gangshare-sdk-test-*.tar"):
         if old != path:
             old.unlink(missing_ok=True)  # an earlier SDK's: never used again
@@ -109,7 +108,7 @@ def _python_layer(files: list[Path], sdk: list[Path]) -> bytes:
             # Links are copied as the files they lead to: their targets may sit elsewhere on
             # this host (a merged /usr) than the image's copy.
             _parents(tar, str(path).lstrip("/"), made)
-            _add_file(tar, str(path).lstrip("/"), path.read_bytes(), mode=0o755)
+            add_file(tar, str(path).lstrip("/"), path.read_bytes(), mode=0o755)
         python = str(Path(sys.executable).resolve())
         _parents(tar, PYTHON.lstrip("/"), made)
         link = tarfile.TarInfo(PYTHON.lstrip("/"))
@@ -118,9 +117,9 @@ def _python_layer(files: list[Path], sdk: list[Path]) -> bytes:
         tar.addfile(link)
         package = "opt/gangshare/gangshare"
         _parents(tar, f"{package}/sdk/x", made)
-        _add_file(tar, f"{package}/__init__.py", b"")
+        add_file(tar, f"{package}/__init__.py", b"")
         for path in sdk:
-            _add_file(tar, f"{package}/sdk/{path.name}", path.read_bytes())
+            add_file(tar, f"{package}/sdk/{path.name}", path.read_bytes())
     return out.getvalue()
 
 
@@ -130,4 +129,4 @@ def _parents(tar: tarfile.TarFile, name: str, made: set[str]) -> None:
         folder = "/".join(parts[:i])
         if folder not in made and folder not in ("bin", "dev", "etc", "proc", "sys", "root", "tmp"):
             made.add(folder)
-            _add_dir(tar, folder)
+            add_dir(tar, folder)

@@ -200,38 +200,24 @@ class KubeApi:
         self, job: dict[str, Any], kind: str, reason: str, message: str, action: str
     ) -> None:
         meta = job["metadata"]
-        now = datetime.now(UTC)
-        event = client.EventsV1Event(
-            metadata=client.V1ObjectMeta(
-                generate_name=f"{meta['name']}-", namespace=meta["namespace"]
-            ),
-            event_time=now,
-            type=kind,
-            reason=reason,
-            note=message[:1024],
-            action=action,
-            reporting_controller=REPORTING_CONTROLLER,
-            reporting_instance=self.instance,
-            regarding=client.V1ObjectReference(
-                api_version=API_VERSION,
-                kind=KIND,
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta.get("uid"),
-                resource_version=meta.get("resourceVersion"),
-            ),
+        regarding = client.V1ObjectReference(
+            api_version=API_VERSION,
+            kind=KIND,
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta.get("uid"),
+            resource_version=meta.get("resourceVersion"),
         )
-        # An event is a courtesy and must never fail a reconcile, but a refused one is logged.
-        try:
-            self.events.create_namespaced_event(meta["namespace"], event)
-        except ApiException as err:
-            log.warning(
-                "event %s for %s/%s refused: %s",
-                reason,
-                meta["namespace"],
-                meta["name"],
-                err.reason,
-            )
+        post_event(
+            self.events,
+            regarding,
+            kind,
+            reason,
+            message,
+            action,
+            REPORTING_CONTROLLER,
+            self.instance,
+        )
 
 
 def _api_message(err: ApiException) -> str:
@@ -240,3 +226,33 @@ def _api_message(err: ApiException) -> str:
     except (ValueError, AttributeError):
         message = str(err.reason)
     return message
+
+
+def post_event(
+    events: client.EventsV1Api,
+    regarding: client.V1ObjectReference,
+    kind: str,
+    reason: str,
+    message: str,
+    action: str,
+    controller: str,
+    instance: str,
+) -> None:
+    """An events.k8s.io event about `regarding`. An event is a courtesy and must never fail
+    the caller's work, but a refused one is logged."""
+    namespace = cast(str, regarding.namespace)  # every object we report on is namespaced
+    event = client.EventsV1Event(
+        metadata=client.V1ObjectMeta(generate_name=f"{regarding.name}-", namespace=namespace),
+        event_time=datetime.now(UTC),
+        type=kind,
+        reason=reason,
+        note=message[:1024],
+        action=action,
+        reporting_controller=controller,
+        reporting_instance=instance,
+        regarding=regarding,
+    )
+    try:
+        events.create_namespaced_event(namespace, event)
+    except ApiException as err:
+        log.warning("event %s for %s/%s refused: %s", reason, namespace, regarding.name, err.reason)

@@ -103,14 +103,10 @@ class AgentConnection:
             self._full = False
         if not self._out:
             return True
-        try:
-            self._out = self._out[sock.send(self._out, _FLAGS) :]
-        except BlockingIOError:
-            self._full = True
+        sent = self._write(sock, self._out)
+        if sent is None:
             return False
-        except OSError:
-            self._drop()
-            return False
+        self._out = self._out[sent:]
         return not self._out
 
     def send(self, data: bytes) -> bool:
@@ -118,16 +114,22 @@ class AgentConnection:
             return False
         sock = self._sock
         assert sock is not None
-        try:
-            sent = sock.send(data, _FLAGS)
-        except BlockingIOError:
-            self._full = True
-            return False
-        except OSError:
-            self._drop()
+        sent = self._write(sock, data)
+        if sent is None:
             return False
         self._out = data[sent:]
         return True
+
+    def _write(self, sock: socket.socket, data: bytes) -> int | None:
+        """Bytes the socket took now; None when it took none (full, or the agent is gone)."""
+        try:
+            return sock.send(data, _FLAGS)
+        except BlockingIOError:
+            self._full = True
+            return None
+        except OSError:
+            self._drop()
+            return None
 
     def poll(self) -> list[dict[str, Any]]:
         """Every whole message waiting; lines that are not JSON objects are skipped."""

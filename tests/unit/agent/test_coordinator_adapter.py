@@ -83,9 +83,8 @@ def test_an_opportunistic_pod_without_an_sdk_is_throttled_after_its_grace() -> N
     coordinator.record_steps("uid-o1", (0.05,), 7)
     later = coordinator.decide(kubelet(True), PODS, {})
     assert set(later.throttled) == {"uid-o0"} and later.throttled["uid-o0"][0] == "NoSdk"
-    gangs = {p.uid: p.gang for p in PODS.values()}
     # The backstop takes the whole gang on this node, never one rank.
-    assert set(coordinator.backstop(later, gangs)) == {"uid-o0", "uid-o1"}
+    assert set(later.backstop) == {"uid-o0", "uid-o1"}
     assert coordinator.steps_done("uid-o1") == 7
 
 
