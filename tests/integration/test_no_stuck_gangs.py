@@ -120,7 +120,11 @@ def test_a_worker_that_stays_unschedulable_is_released_within_the_start_deadline
         assert time.monotonic() - started < 30
         assert current["phase"] == "Queued" and current.get("placement") is None
         assert "persistentvolumeclaim" in current["message"].lower(), current["message"]
-        assert "GangStartTimeout" in reasons_of(crd, namespace, "needs-volume")
+        # The operator writes the status first, deletes the pods, then posts the event.
+        eventually(
+            lambda: "GangStartTimeout" in reasons_of(crd, namespace, "needs-volume"),
+            what="the GangStartTimeout event",
+        )
         # Its GPUs are really free: the worker is gone and the node's GPUs are held by nobody.
         eventually(
             lambda: (
