@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/placement.py
 	$(BIN)/python bench/operator_cycle.py
 	$(BIN)/python bench/simulator.py
+	$(BIN)/python bench/predictor.py
 	$(BIN)/python bench/extender.py
 
 # Regenerate docs/results.md and docs/results/ (the simulator on Philly and Alibaba 2023; ~13 min on 2 cores).

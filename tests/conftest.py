@@ -45,8 +45,9 @@ def namespace(kube: Kube) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def crd(kube: Kube) -> Kube:
-    """The TrainingJob CRD and its admission policy, as `kubectl apply -f crds/` installs them."""
-    for path in ("trainingjob.yaml", "trainingjob-admission-policy.yaml"):
+    """The TrainingJob and Queue CRDs and the admission policy, as `kubectl apply -f crds/`
+    installs them (the operator creates the `default` Queue itself)."""
+    for path in ("trainingjob.yaml", "trainingjob-admission-policy.yaml", "queue.yaml"):
         subprocess.run(
             kube.kubectl("apply", "-f", str(ROOT / "crds" / path)),
             check=True,
@@ -54,7 +55,11 @@ def crd(kube: Kube) -> Kube:
         )
     subprocess.run(
         kube.kubectl(
-            "wait", "--for=condition=Established", "crd/trainingjobs.gangshare.io", "--timeout=60s"
+            "wait",
+            "--for=condition=Established",
+            "crd/trainingjobs.gangshare.io",
+            "crd/queues.gangshare.io",
+            "--timeout=60s",
         ),
         check=True,
         capture_output=True,

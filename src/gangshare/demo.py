@@ -73,10 +73,14 @@ def status_table(jobs: list[dict[str, Any]]) -> str:
         where = ", ".join(f"{w['node']}({','.join(map(str, w['gpus']))})" for w in placement)
         if not where and status.get("phase") not in TERMINAL:
             where = (status.get("message") or "")[:60]
+        if where and status.get("borrowed"):
+            where = f"borrowed: {where}"
         wait = status.get("queueWaitSeconds")
         gang = f"{spec['workers']}x{spec['gpusPerWorker']}"
+        # The class it was admitted as: beyond its queue's quota a job runs Opportunistic.
+        service_class = status.get("serviceClass") or spec.get("serviceClass", "Guaranteed")
         lines.append(
-            f"{job['metadata']['name']:<28}{spec.get('serviceClass', 'Guaranteed'):<15}"
+            f"{job['metadata']['name']:<28}{service_class:<15}"
             f"{spec.get('queue', ''):<10}{gang:<7}{status.get('phase', '-'):<12}"
             f"{'' if wait is None else f'{wait:.0f}s':>6}  {where}"
         )
@@ -105,13 +109,26 @@ def run_demo(args: argparse.Namespace) -> int:
             ).stdout
         )
         subprocess.run(
-            # The CRD and the policy that keeps TrainingJob templates from escalating.
+            # The CRDs and the policy that keeps TrainingJob templates from escalating.
             [*kubectl, "apply", "-f", str(repo / "crds")],
             check=True,
             capture_output=True,
         )
         subprocess.run(
-            [*kubectl, "wait", "--for=condition=Established", "crd/trainingjobs.gangshare.io"],
+            [
+                *kubectl,
+                "wait",
+                "--for=condition=Established",
+                "crd/trainingjobs.gangshare.io",
+                "crd/queues.gangshare.io",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        # With Queues served, a job naming a queue that does not exist is never admitted; these
+        # include the queues the sample jobs name.
+        subprocess.run(
+            [*kubectl, "apply", "-f", str(repo / "examples" / "queues")],
             check=True,
             capture_output=True,
         )
@@ -160,16 +177,22 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _watch(kubectl: list[str], expected: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
+    shown_borrowing = False
     while True:
         raw = subprocess.run(
             [*kubectl, "get", "tj", "-o", "yaml"], capture_output=True, text=True, check=True
         )
         jobs = yaml.safe_load(raw.stdout)["items"]
         print(status_table(jobs), flush=True)
+        if not shown_borrowing and any(_borrowing(j) for j in jobs):
+            shown_borrowing = True
+            print("\nqueues while research runs on quota borrowed from its cohort:")
+            print(_queues_table(kubectl), flush=True)
         done = [j for j in jobs if (j.get("status") or {}).get("phase") in TERMINAL]
         if len(done) == expected:
             failed = [j["metadata"]["name"] for j in done if j["status"]["phase"] == "Failed"]
-            print(f"\nall {expected} jobs finished; failed: {failed or 'none'}")
+            print(f"\nall {expected} jobs finished; failed: {failed or 'none'}\n")
+            print(_queues_table(kubectl), flush=True)
             return 1 if failed else 0
         if time.monotonic() > deadline:
             print(
@@ -179,3 +202,13 @@ def _watch(kubectl: list[str], expected: int, timeout: float) -> int:
             return 1
         print(flush=True)
         time.sleep(3)
+
+
+def _borrowing(job: dict[str, Any]) -> bool:
+    status = job.get("status") or {}
+    return bool(status.get("borrowed")) and status.get("phase") == "Running"
+
+
+def _queues_table(kubectl: list[str]) -> str:
+    shown = subprocess.run([*kubectl, "get", "queues"], capture_output=True, text=True, check=True)
+    return shown.stdout

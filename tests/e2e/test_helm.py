@@ -34,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gangshare.dev import binaries, processes
 from gangshare.extender.main import add_extender_command
+from gangshare.kube.queue import QUEUE_PLURAL, default_queue_object, parse_queue
 from gangshare.operator.main import (
     add_operator_command,
     parse_priority_limits,
@@ -49,6 +50,7 @@ CRD_FILE = ROOT / "crds" / "trainingjob.yaml"
 SAMPLE_CONFIG = ROOT / "extender" / "scheduler-config.yaml"
 POLICY_FILE = ROOT / "crds" / "trainingjob-admission-policy.yaml"
 CRD_NAME = "trainingjobs.gangshare.io"
+QUEUE_CRD_NAME = "queues.gangshare.io"
 TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
 
 Manifests = dict[tuple[str, str], dict[str, Any]]
@@ -139,20 +141,80 @@ def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
         assert done.returncode != 0 and key in done.stderr, (setting, done.stderr)
 
 
-def test_the_crd_is_the_repository_file_through_a_symlink(helm: Helm, tmp_path: Path):
-    link = CHART / "crds" / "trainingjob.yaml"
-    assert link.is_symlink() and link.resolve() == CRD_FILE.resolve()
-    expected = yaml.safe_load(CRD_FILE.read_text())
+def test_the_chart_ships_every_crd_of_the_repository():
+    shipped = {
+        path.name
+        for path in (ROOT / "crds").glob("*.yaml")
+        if any(
+            d and d["kind"] == "CustomResourceDefinition"
+            for d in yaml.safe_load_all(path.read_text())
+        )
+    }
+    assert shipped == {"trainingjob.yaml", "queue.yaml"}
+    assert {path.name for path in (CHART / "crds").iterdir()} == shipped
+
+
+@pytest.mark.parametrize("file", ["trainingjob.yaml", "queue.yaml"])
+def test_the_crd_is_the_repository_file_through_a_symlink(helm: Helm, tmp_path: Path, file: str):
+    source = ROOT / "crds" / file
+    link = CHART / "crds" / file
+    assert link.is_symlink() and link.resolve() == source.resolve()
+    expected = yaml.safe_load(source.read_text())
     rendered = helm("template", "x", str(CHART), "--include-crds").stdout
-    crds = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == expected["kind"]]
+    crds = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == expected["kind"] and d["metadata"] == expected["metadata"]
+    ]
     assert crds == [expected]
     # The packaged chart carries the file's content, not a link.
     helm("package", str(CHART), "-d", str(tmp_path))
     with tarfile.open(tmp_path / "gangshare-0.1.0.tgz") as tar:
-        member = tar.getmember("gangshare/crds/trainingjob.yaml")
+        member = tar.getmember(f"gangshare/crds/{file}")
         packed = tar.extractfile(member)
         assert member.isfile() and packed is not None
-        assert packed.read() == CRD_FILE.read_bytes()
+        assert packed.read() == source.read_bytes()
+
+
+def test_queues_render_the_default_and_the_extra_ones(helm: Helm, tmp_path: Path):
+    default = helm.render()[("Queue", "default")]
+    assert default["spec"] == default_queue_object()["spec"]
+    assert default["metadata"]["labels"]["app.kubernetes.io/instance"] == "gangshare"
+    assert default["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    values = tmp_path / "queues.yaml"
+    extra = [
+        {"name": "team-a", "spec": {"cohort": "research", "nominalGPUs": 8}},
+        {"name": "small", "spec": {"jobSizes": {"maxGPUs": 2}, "ordering": "FIFO"}},
+        {"name": "plain"},
+    ]
+    values.write_text(yaml.safe_dump({"queues": {"extra": extra}}))
+    manifests = helm.render("-f", str(values))
+    queues = {name: obj for (kind, name), obj in manifests.items() if kind == "Queue"}
+    assert set(queues) == {"default", "team-a", "small", "plain"}
+    for item in extra:
+        assert queues[item["name"]]["spec"] == item.get("spec", {})
+        parse_queue(queues[item["name"]])
+    assert parse_queue(queues["team-a"]).cohort == "research"
+    # An extra `default` is the default Queue, with its spec; createDefault=false makes none.
+    values.write_text(
+        yaml.safe_dump({"queues": {"extra": [{"name": "default", "spec": {"nominalGPUs": 4}}]}})
+    )
+    [only] = [obj for (kind, _), obj in helm.render("-f", str(values)).items() if kind == "Queue"]
+    assert (only["metadata"]["name"], only["spec"]) == ("default", {"nominalGPUs": 4})
+    off = helm.render("--set", "queues.createDefault=false")
+    assert not [key for key in off if key[0] == "Queue"]
+
+
+def test_queue_values_are_checked_naming_the_key(helm: Helm):
+    for extra, key in [
+        ('[{"name": "Team-A"}]', "/queues/extra/0/name"),
+        ('[{"name": "a", "spec": {"nominalGPU": 8}}]', "nominalGPU"),
+        ('[{"name": "a", "spec": {"weight": 0}}]', "/queues/extra/0/spec/weight"),
+        ('[{"name": "a", "spec": {"ordering": "fifo"}}]', "/queues/extra/0/spec/ordering"),
+        ('[{"name": "a"}, {"name": "a"}]', "queues.extra: two queues named a"),
+    ]:
+        done = helm("template", "x", str(CHART), "--set-json", f"queues.extra={extra}", check=False)
+        assert done.returncode != 0 and key in done.stderr, (extra, done.stderr)
 
 
 def test_the_template_policy_is_the_repository_file_and_the_pod_policy_names_the_release(
@@ -320,19 +382,33 @@ class Release:
     namespace: str
     scheduler_name: str
     manifests: Manifests
+    # A `default` Queue made outside the release (by an operator of another test) is left alone.
+    default_queue_was_there: bool = False
 
     def sa(self, who: str) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.name}-{who}"
 
 
-def crd_exists(kube: Kube) -> bool:
+def crd_exists(kube: Kube, name: str = CRD_NAME) -> bool:
     try:
-        kube.extensions.read_custom_resource_definition(CRD_NAME)
+        kube.extensions.read_custom_resource_definition(name)
     except ApiException as err:
         if err.status == 404:
             return False
         raise
     return True
+
+
+def default_queue(kube: Kube) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = kube.custom.get_cluster_custom_object(
+            *TJ[:2], QUEUE_PLURAL, "default"
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +417,8 @@ def release(kube: Kube, helm: Helm) -> Iterator[Release]:
     name, namespace = f"gangshare-{suffix}", f"gs-{suffix}"
     scheduler_name = f"gs-helm-{suffix}"  # not the session's own gangshare-scheduler
     kubeconfig = f"--kubeconfig={kube.state.kubeconfig}"
-    crd_was_there = crd_exists(kube)
+    crds_were_there = {crd: crd_exists(kube, crd) for crd in (CRD_NAME, QUEUE_CRD_NAME)}
+    default_was_there = crds_were_there[QUEUE_CRD_NAME] and default_queue(kube) is not None
     # Users pass --create-namespace; this namespace is made first to enforce the "restricted" Pod
     # Security Standard, so the chart's pods are only created if every container complies.
     restricted = {f"pod-security.kubernetes.io/{k}": "restricted" for k in ("enforce", "warn")}
@@ -354,26 +431,34 @@ def release(kube: Kube, helm: Helm) -> Iterator[Release]:
             *("--set", f"schedulerName={scheduler_name}", kubeconfig),
         )
         manifest = helm("get", "manifest", name, "-n", namespace, kubeconfig).stdout
-        yield Release(name, namespace, scheduler_name, by_kind_and_name(manifest))
+        yield Release(
+            name, namespace, scheduler_name, by_kind_and_name(manifest), default_was_there
+        )
     finally:
         # The last test uninstalls; this is for a run that stopped before it.
         helm("uninstall", name, "-n", namespace, "--wait", kubeconfig, check=False)
-        # Helm created the CRD if it was missing, and Helm never deletes CRDs: this test does,
-        # leaving the session cluster as it found it (the integration tests install it themselves).
-        delete_crd = not crd_was_there and crd_exists(kube)
+        # Helm created the CRDs that were missing, and Helm never deletes CRDs: this test does,
+        # leaving the session cluster as it found it (the integration tests install them
+        # themselves). The chart keeps its `default` Queue on uninstall too.
+        delete_crds = [
+            crd for crd, there in crds_were_there.items() if not there and crd_exists(kube, crd)
+        ]
+        if QUEUE_CRD_NAME not in delete_crds and not default_was_there:
+            with contextlib.suppress(ApiException):
+                kube.custom.delete_cluster_custom_object(*TJ[:2], QUEUE_PLURAL, "default")
         with contextlib.suppress(ApiException):
             # Pods first, without grace: the namespace controller would otherwise wait out their
             # 30 s termination grace period (KWOK pods have nothing to shut down).
             kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
             kube.core.delete_namespace(namespace)
-        if delete_crd:
-            kube.extensions.delete_custom_resource_definition(CRD_NAME)
+        for crd in delete_crds:
+            kube.extensions.delete_custom_resource_definition(crd)
 
         def cleaned_up() -> bool:
             namespaces = {n.metadata.name for n in kube.core.list_namespace().items}
-            return namespace not in namespaces and not (delete_crd and crd_exists(kube))
+            return namespace not in namespaces and not any(crd_exists(kube, c) for c in delete_crds)
 
-        eventually(cleaned_up, timeout=90, what=f"namespace {namespace} (and the CRD) deleted")
+        eventually(cleaned_up, timeout=90, what=f"namespace {namespace} (and the CRDs) deleted")
 
 
 def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
@@ -421,6 +506,14 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
         )
 
     eventually(established, what="TrainingJob CRD established")
+    queues = kube.extensions.read_custom_resource_definition(QUEUE_CRD_NAME)
+    assert queues.spec.scope == "Cluster"
+    # The release made the default Queue unless one was there already (then it leaves it be).
+    assert (("Queue", "default") in release.manifests) == (not release.default_queue_was_there)
+    default = default_queue(kube)
+    assert default is not None
+    if not release.default_queue_was_there:
+        assert default["metadata"]["labels"]["app.kubernetes.io/instance"] == name
 
     def pods_admitted() -> bool:
         pods = kube.core.list_namespaced_pod(
@@ -431,6 +524,23 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
 
     # Admitted by Pod Security "restricted" (the ReplicaSets could not create them otherwise).
     eventually(pods_admitted, what="operator and scheduler pods created")
+
+
+def test_another_release_leaves_the_default_queue_to_its_owner(
+    kube: Kube, helm: Helm, release: Release
+):
+    def render(name: str) -> Manifests:
+        # --dry-run=server lets the chart's lookup see the cluster, as install and upgrade do.
+        out = helm(
+            *("template", name, str(CHART), "-n", release.namespace, "--dry-run=server"),
+            f"--kubeconfig={kube.state.kubeconfig}",
+        ).stdout
+        return by_kind_and_name(out)
+
+    assert ("Queue", "default") not in render(f"{release.name}-other")
+    # The owner keeps rendering it, so an upgrade does not drop it from the release.
+    owned = ("Queue", "default") in render(release.name)
+    assert owned == (not release.default_queue_was_there)
 
 
 # Every API call the components make, as `kubectl auth can-i` checks of their service accounts,
@@ -446,6 +556,11 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("operator", "delete", "trainingjobs.gangshare.io", "", "*", True),
     ("operator", "patch", "trainingjobs.gangshare.io", "status", "*", True),
     ("operator", "update", "trainingjobs.gangshare.io", "finalizers", "*", True),
+    ("operator", "list", "queues.gangshare.io", "", "", True),
+    ("operator", "watch", "queues.gangshare.io", "", "", True),
+    ("operator", "get", "queues.gangshare.io", "", "", True),
+    ("operator", "create", "queues.gangshare.io", "", "", True),
+    ("operator", "patch", "queues.gangshare.io", "status", "", True),
     ("operator", "get", "pods", "", "*", True),
     ("operator", "list", "pods", "", "*", True),
     ("operator", "watch", "pods", "", "*", True),
@@ -460,6 +575,9 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("operator", "list", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
     ("operator", "watch", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
     ("operator", "update", "trainingjobs.gangshare.io", "", "*", False),
+    # Queues are the cluster admin's: the operator writes only their status (and `default`).
+    ("operator", "patch", "queues.gangshare.io", "", "", False),
+    ("operator", "delete", "queues.gangshare.io", "", "", False),
     ("operator", "patch", "nodes", "", "", False),
     ("operator", "create", "pods", "binding", "*", False),
     ("operator", "get", "secrets", "", "*", False),
@@ -786,4 +904,6 @@ def test_uninstall_removes_the_release_but_keeps_the_crd(kube: Kube, helm: Helm,
 
     eventually(all_gone, timeout=30, what="release objects deleted")
     # Helm never deletes CRDs (nor the TrainingJobs they hold): that is the user's decision.
-    assert crd_exists(kube)
+    assert crd_exists(kube) and crd_exists(kube, QUEUE_CRD_NAME)
+    # Nor the default Queue those TrainingJobs name.
+    assert default_queue(kube) is not None

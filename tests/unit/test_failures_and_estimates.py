@@ -55,14 +55,16 @@ def test_user_errors_fail_fast_unless_policy_allows_a_retry():
     assert not decide_retry(failure, 1, 2, lenient).retry
 
 
-def test_estimator_prefers_declared_then_history_then_default():
+def test_estimator_prefers_history_then_declared_then_default():
+    # More cases in test_estimate.py.
     estimator = RuntimeEstimator(default_seconds=100)
     assert estimator.predict("q", 4) == 100
     for seconds in (10, 30, 20):
         estimator.observe("q", 4, seconds)
     assert estimator.predict("q", 4) == 20
     assert estimator.predict("q", 8) == 100
-    assert estimator.predict("q", 4, declared=7) == 7
+    assert estimator.predict("q", 8, declared=7) == 7
+    assert estimator.predict("q", 4, declared=7) == 20  # measured history beats a declaration
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,17 @@
 """One scheduling cycle on a cluster snapshot (Kueue-style, in numbered phases).
 
-  1. usage: guaranteed GPUs each queue holds now (quota, fair share);
+  1. usage: guaranteed and borrowed GPUs each queue holds now (quota, cohorts, fair share);
   2. lanes: pending jobs grouped and ordered by the queue policy;
-  3. admission: repeatedly take the head of the least-served open lane, check
-     quota, backfill reservations and the gang plan; an admitted plan is applied
-     to the snapshot at once (assumed), so later jobs in the cycle see it;
-  4. result: admitted jobs with their plans, every other job with its reason.
+  3. admission: repeatedly take the head of the next open lane (heads within their
+     quota before heads that must borrow, then least-served), check quota (or borrow
+     from the cohort, as Opportunistic), backfill reservations and the gang plan; an
+     admitted plan is applied to the snapshot at once (assumed), so later jobs in the
+     cycle see it;
+  4. reclaim: a cohort whose lenders took their quota back is over-lent; borrowers
+     are chosen for eviction (lowest priority, least progress, whole gangs) until
+     what is borrowed fits what is lent;
+  5. result: admitted jobs with their plans, every other job with its reason,
+     the preemptions.
 
 The operator runs it on a snapshot built from the API server; the simulator on
 its live state. Same function, same decisions.
@@ -13,13 +19,13 @@ its live state. Same function, same decisions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gangshare.core.cluster import Cluster
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
-from gangshare.core.job import ServiceClass, Topology
+from gangshare.core.job import GangRequest, ServiceClass, Topology, TopologyPolicy
 from gangshare.core.queueing import (
     QueuedJob,
     QueuePolicy,
@@ -27,12 +33,24 @@ from gangshare.core.queueing import (
     order_lanes,
     policy_refusal,
 )
+from gangshare.core.queues import CohortBook
 
 
 @dataclass(frozen=True)
 class Admission:
     job: QueuedJob
     plan: GangPlan
+    # The class it runs as: Opportunistic when it runs on borrowed quota, whatever it asked.
+    service_class: ServiceClass = ServiceClass.GUARANTEED
+    borrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A running borrower to evict whole and requeue, with why (for its events)."""
+
+    job: RunningJob
+    reason: str
 
 
 class PendingKind(StrEnum):
@@ -68,6 +86,7 @@ class CycleResult:
     admitted: list[Admission] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
 
 
 ShapeKey = tuple[ServiceClass, int, Topology, str | None, int | None, PodConstraints]
@@ -81,20 +100,26 @@ def schedule_cycle(
     now: float,
 ) -> CycleResult:
     # Phase 1
-    usage: dict[str, int] = {}
+    book = CohortBook(policy.queues)
     for holder in running:
-        if holder.service_class is ServiceClass.GUARANTEED:
-            usage[holder.queue] = usage.get(holder.queue, 0) + holder.gpus
+        if holder.borrowed:
+            book.borrowed[holder.queue] = book.borrowed.get(holder.queue, 0) + holder.gpus
+        elif holder.service_class is ServiceClass.GUARANTEED:
+            book.guaranteed[holder.queue] = book.guaranteed.get(holder.queue, 0) + holder.gpus
     # Phase 2
-    lanes = order_lanes(policy, pending, usage)
+    lanes = order_lanes(policy, pending, book.guaranteed)
     # Phase 3
-    cycle = _Cycle(cluster, running, policy, now, usage)
+    cycle = _Cycle(cluster, running, policy, now, book)
+    cohorts = any(spec.cohort for spec in policy.queues.values())
+    pick_best = policy.fair_share or cohorts
     open_lanes = [lane for lane in lanes if lane]
     while open_lanes:
-        lane = min(open_lanes, key=cycle.lane_priority) if policy.fair_share else open_lanes[0]
+        lane = min(open_lanes, key=cycle.lane_priority) if pick_best else open_lanes[0]
         job = lane.pop(0)
         blocked = cycle.consider(job)
-        if blocked and not (policy.backfill and job.service_class is ServiceClass.GUARANTEED):
+        if blocked and not (
+            policy.backfill_of(job.queue) and job.service_class is ServiceClass.GUARANTEED
+        ):
             for waiting in lane:
                 if not cycle.mark_if_inadmissible(waiting):
                     cycle.result.pending.append(
@@ -108,7 +133,21 @@ def schedule_cycle(
         if not lane:
             open_lanes.remove(lane)
     # Phase 4
+    if cohorts:
+        cycle.reclaim()
+    # Phase 5
     return cycle.result
+
+
+def _holding_out(gang: GangRequest, waited: float) -> str:
+    """What a Preferred scope that is still holding out adds to the reason it waits."""
+    topology = gang.topology
+    if topology.policy is not TopologyPolicy.PREFERRED or topology.relax_after_seconds is None:
+        return ""
+    if waited >= topology.relax_after_seconds:
+        return ""
+    left = topology.relax_after_seconds - waited
+    return f" (waiting for topology {topology.scope.value}; a wider scope in {left:.0f}s)"
 
 
 class _Cycle:
@@ -118,13 +157,14 @@ class _Cycle:
         running: list[RunningJob],
         policy: QueuePolicy,
         now: float,
-        usage: dict[str, int],
+        book: CohortBook,
     ) -> None:
         self.cluster = cluster
         self.running = running
         self.policy = policy
         self.now = now
-        self.usage = usage
+        self.book = book
+        self.usage = book.guaranteed
         self.result = CycleResult()
         # The cluster only fills up during a cycle, so a shape that failed keeps failing.
         self.failed_shapes: dict[ShapeKey, tuple[int, str]] = {}
@@ -132,11 +172,25 @@ class _Cycle:
         self.never: dict[tuple[object, ...], str | None] = {}
         self._free_gpus: int | None = None
 
-    def lane_priority(self, lane: list[QueuedJob]) -> tuple[float, tuple[float, float, str]]:
+    def lane_priority(self, lane: list[QueuedJob]) -> tuple[object, ...]:
+        """Heads within their quota first (least served first under fair share); then heads
+        that must borrow, always by weighted share of what they hold, aged by waiting so a
+        light queue is never starved by heavy ones."""
         head = lane[0]
+        if self._needs_borrowing(head):
+            share = self.book.share(head.queue)
+            share -= max(0.0, self.now - head.submitted_at) / self.policy.aging_seconds
+            return (True, share, self.policy.order_key(head))
+        share = 0.0
+        if self.policy.fair_share:
+            share = self.usage.get(head.queue, 0) / self.policy.weight(head.queue)
+        return (False, share, self.policy.order_key(head))
+
+    def _needs_borrowing(self, job: QueuedJob) -> bool:
         return (
-            self.usage.get(head.queue, 0) / self.policy.weight(head.queue),
-            self.policy.order_key(head),
+            self._quota_reason(job) is not None
+            and job.queue in self.policy.queues
+            and (self.policy.queues[job.queue].cohort is not None)
         )
 
     def mark_if_inadmissible(self, job: QueuedJob) -> bool:
@@ -165,14 +219,25 @@ class _Cycle:
             return False
         quota = self._quota_reason(job)
         if quota is not None:
-            self.result.pending.append(Pending(job, quota, PendingKind.QUOTA))
-            return True
+            if not self._needs_borrowing(job):
+                self.result.pending.append(Pending(job, quota, PendingKind.QUOTA))
+                return True
+            refusal = self.book.borrow_refusal(job.queue, job.gpus)
+            if refusal is not None:
+                self.result.pending.append(Pending(job, f"{quota}; {refusal}", PendingKind.QUOTA))
+                return True
+            # Beyond its quota it may still run, as Opportunistic on the cohort's idle quota.
+            opportunistic = replace(job.gang, service_class=ServiceClass.OPPORTUNISTIC)
+            return not self._place(job, opportunistic, borrowed=True)
         backfill = self._backfill_reason(job)
         if backfill is not None:
             self.result.pending.append(Pending(job, backfill, PendingKind.BACKFILL))
             return True
+        return not self._place(job, job.gang, borrowed=False)
+
+    def _place(self, job: QueuedJob, gang: GangRequest, borrowed: bool) -> bool:
+        """Plan and assume the gang; False (with the reason recorded) when it does not fit."""
         waited = max(0.0, self.now - job.submitted_at)
-        gang = job.gang
         shape: ShapeKey = (
             gang.service_class,
             gang.gpus_per_worker,
@@ -183,31 +248,80 @@ class _Cycle:
         )
         known = self.failed_shapes.get(shape)
         if known is not None and gang.workers >= known[0]:
-            self._block(job, known[1])
-            return True
+            self._block(job, known[1] + _holding_out(gang, waited), borrowed)
+            return False
         plan = plan_gang(self.cluster, gang, waited)
         if isinstance(plan, Unschedulable):
+            # The shape's reason is shared; how long each job still holds out is its own.
             if known is None or gang.workers < known[0]:
                 self.failed_shapes[shape] = (gang.workers, plan.reason)
-            self._block(job, plan.reason)
-            return True
+            self._block(job, plan.reason + _holding_out(gang, waited), borrowed)
+            return False
         apply_plan(self.cluster, gang, plan)
-        if job.service_class is ServiceClass.GUARANTEED:
+        if borrowed:
+            self.book.borrowed[job.queue] = self.book.borrowed.get(job.queue, 0) + job.gpus
+        elif gang.service_class is ServiceClass.GUARANTEED:
             self.usage[job.queue] = self.usage.get(job.queue, 0) + job.gpus
             if self._free_gpus is not None:
                 self._free_gpus -= job.gpus
-        self.result.admitted.append(Admission(job, plan))
-        return False
+        self.result.admitted.append(Admission(job, plan, gang.service_class, borrowed))
+        return True
 
-    def _block(self, job: QueuedJob, reason: str) -> None:
+    def reclaim(self) -> None:
+        """Evict borrowers of every over-lent cohort: lowest priority, least progress first."""
+        cohorts = {spec.cohort for spec in self.policy.queues.values() if spec.cohort}
+        for cohort in sorted(cohorts):
+            excess = self.book.over_lent(cohort)
+            if excess <= 0:
+                continue
+            lent, held = self.book.lent(cohort), self.book.borrowed_in(cohort)
+            members = {q.name for q in self.book.members(cohort)}
+            # A borrower admitted earlier in this cycle may have counted on quota that a
+            # guaranteed job behind it in its lane has since taken: undo such admissions first,
+            # latest first (they lose no work), before evicting anything that runs.
+            for admission in reversed(list(self.result.admitted)):
+                if excess <= 0:
+                    break
+                if not admission.borrowed or admission.job.queue not in members:
+                    continue
+                excess -= admission.job.gpus
+                self.book.borrowed[admission.job.queue] -= admission.job.gpus
+                self.result.admitted.remove(admission)
+                self.cluster.release(admission.plan.owner)
+                reason = (
+                    f"cohort {cohort} lends {lent} GPU(s) now, less than its borrowers need: "
+                    "its lenders took their quota back in this cycle"
+                )
+                self.result.pending.append(Pending(admission.job, reason, PendingKind.QUOTA))
+            borrowers = sorted(
+                (j for j in self.running if j.borrowed and j.queue in members),
+                key=lambda j: (j.priority, -j.started_at, -j.gpus, j.key),
+            )
+            for victim in borrowers:
+                if excess <= 0:
+                    break
+                excess -= victim.gpus
+                self.book.borrowed[victim.queue] -= victim.gpus
+                reason = (
+                    f"reclaimed: cohort {cohort}'s lenders took their quota back; it lends "
+                    f"{lent} GPU(s) now and borrowers held {held}"
+                )
+                self.result.preemptions.append(Preemption(victim, reason))
+
+    def _block(self, job: QueuedJob, reason: str, borrowed: bool = False) -> None:
         self.result.pending.append(Pending(job, reason))
-        if self.policy.backfill and job.service_class is ServiceClass.GUARANTEED:
+        # A borrower runs on share slots, not on free GPUs: it has nothing to reserve.
+        if (
+            self.policy.backfill_of(job.queue)
+            and job.service_class is ServiceClass.GUARANTEED
+            and not borrowed
+        ):
             self._reserve(job)
 
     def _quota_reason(self, job: QueuedJob) -> str | None:
         if job.service_class is not ServiceClass.GUARANTEED:
             return None
-        quota = self.policy.quotas.get(job.queue)
+        quota = self.policy.quota(job.queue)
         used = self.usage.get(job.queue, 0)
         if quota is not None and used + job.gpus > quota:
             return (
@@ -217,7 +331,7 @@ class _Cycle:
         return None
 
     def _estimate(self, job: QueuedJob) -> float:
-        return job.runtime_estimate or self.policy.default_runtime_seconds
+        return job.runtime_estimate or self.policy.default_runtime(job.queue)
 
     def _backfill_reason(self, job: QueuedJob) -> str | None:
         if not self.result.reservations or job.service_class is not ServiceClass.GUARANTEED:
@@ -243,7 +357,7 @@ class _Cycle:
         """Earliest time enough GPUs free up for the head, by running jobs' expected ends."""
         free = self._free_guaranteed_gpus()
         start = self.now
-        ending = sorted(
+        ends = [
             (
                 job.expected_end
                 if job.expected_end is not None
@@ -252,7 +366,14 @@ class _Cycle:
             )
             for job in self.running
             if job.service_class is ServiceClass.GUARANTEED
-        )
+        ]
+        # Jobs admitted earlier in this cycle hold GPUs too, and free them by their estimate.
+        ends += [
+            (self.now + self._estimate(a.job), a.job.gpus)
+            for a in self.result.admitted
+            if a.service_class is ServiceClass.GUARANTEED
+        ]
+        ending = sorted(ends)
         for end, gpus in ending:
             if free >= head.gpus:
                 break

@@ -76,7 +76,10 @@ def plan_gang(
         req = gang.worker(island_policy)
         chosen = _choose_nodes(cluster, req, gang.workers, widest)
         if chosen is not None:
-            relaxed = attempt > 0 or topology != gang.topology
+            relaxed = attempt > 0 or (
+                gang.topology.policy is TopologyPolicy.REQUIRED
+                and topology.policy is not TopologyPolicy.REQUIRED
+            )
             return _assign_gpus(gang.owner, req, chosen, relaxed)
     return Unschedulable(gang.owner, _explain(cluster, gang, gang.worker(passes[-1]), widest))
 

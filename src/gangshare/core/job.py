@@ -45,8 +45,18 @@ class Topology:
         return self
 
     def effective(self, waited_seconds: float) -> Topology:
-        if self.relax_after_seconds is not None and waited_seconds >= self.relax_after_seconds:
+        """The topology to plan with after waiting this long (Philly's locality relaxation).
+
+        With `relax_after_seconds`, a Required scope turns Preferred once that long has
+        passed, and a Preferred one holds out for its scope until then (as Required):
+        waiting a little for locality beats running slowly spread out.
+        """
+        if self.relax_after_seconds is None:
+            return self
+        if waited_seconds >= self.relax_after_seconds:
             return self.relaxed()
+        if self.policy is TopologyPolicy.PREFERRED:
+            return Topology(TopologyPolicy.REQUIRED, self.scope, self.relax_after_seconds)
         return self
 
     @property

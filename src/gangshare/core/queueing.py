@@ -4,23 +4,20 @@ Jobs wait in lanes. A lane is (queue, service class, size class): inside a lane
 the order is strict, so a blocked head blocks the lane (unless backfill lets
 short jobs past it); lanes do not block each other. This is how separating
 small (<= 2 GPUs) from large jobs stops large heads from stalling small jobs.
+Per-queue settings (quota, cohort, accepted sizes, ordering, backfill) come from
+`QueueSpec`s (queues.py); the flat `quotas`/`weights`/`max_priority` maps remain
+for callers that have no Queue objects (the simulator's cluster specs, flags).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from gangshare.core.job import GangRequest, ServiceClass
+from gangshare.core.queues import Ordering, QueueSpec, most_borrowable
 
-
-class Ordering(StrEnum):
-    FIFO = "FIFO"
-    # Higher spec.priority first, FIFO among equals.
-    PRIORITY = "Priority"
-    # Least estimated GPU-time first (QSSF with predicted run times, SJF with exact ones).
-    SHORTEST = "ShortestFirst"
+__all__ = ["Ordering", "QueuePolicy", "QueuedJob", "RunningJob", "order_lanes", "policy_refusal"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +47,11 @@ class RunningJob:
     service_class: ServiceClass
     # When it is expected to finish (absolute time); None when unknown.
     expected_end: float | None = None
+    # Runs on its cohort's idle quota (beyond its queue's nominal quota): reclaimable.
+    borrowed: bool = False
+    priority: int = 0
+    # When it started (or was admitted): the latest started has the least progress to lose.
+    started_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,17 @@ class QueuePolicy:
     max_priority: Mapping[str, int] = field(default_factory=dict)
     # Used by backfill for jobs nothing predicts.
     default_runtime_seconds: float = 3600.0
+    # Queue objects by name; what they set overrides the flat maps above.
+    queues: Mapping[str, QueueSpec] = field(default_factory=dict)
+    # A job naming a queue that is not in `queues` is Inadmissible (the operator's rule).
+    require_known_queue: bool = False
+    # Borrowing heads gain one unit of share for every this many seconds they wait, so a
+    # queue with a small weight is never starved by heavier ones.
+    aging_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.aging_seconds > 0:
+            raise ValueError(f"aging_seconds: must be positive, got {self.aging_seconds}")
 
     def lane_of(self, job: QueuedJob) -> tuple[str, str, str]:
         size = "all"
@@ -76,32 +89,78 @@ class QueuePolicy:
             size = "small" if job.gpus <= self.small_job_max_gpus else "large"
         return (job.queue, job.service_class.value, size)
 
+    def ordering_of(self, queue: str) -> Ordering:
+        spec = self.queues.get(queue)
+        return spec.ordering if spec is not None and spec.ordering is not None else self.ordering
+
+    def backfill_of(self, queue: str) -> bool:
+        spec = self.queues.get(queue)
+        return spec.backfill if spec is not None and spec.backfill is not None else self.backfill
+
+    def quota(self, queue: str) -> int | None:
+        spec = self.queues.get(queue)
+        if spec is not None and spec.nominal_gpus is not None:
+            return spec.nominal_gpus
+        return self.quotas.get(queue)
+
+    def default_runtime(self, queue: str) -> float:
+        spec = self.queues.get(queue)
+        if spec is not None and spec.default_runtime_seconds is not None:
+            return spec.default_runtime_seconds
+        return self.default_runtime_seconds
+
     def order_key(self, job: QueuedJob) -> tuple[float, float, str]:
-        if self.ordering is Ordering.PRIORITY:
+        ordering = self.ordering_of(job.queue)
+        if ordering is Ordering.PRIORITY:
             return (-job.priority, job.submitted_at, job.key)
-        if self.ordering is Ordering.SHORTEST:
-            runtime = job.runtime_estimate or self.default_runtime_seconds
+        if ordering is Ordering.SHORTEST:
+            runtime = job.runtime_estimate or self.default_runtime(job.queue)
             return (runtime * job.gpus, job.submitted_at, job.key)
         return (job.submitted_at, 0.0, job.key)
 
     def priority_limit(self, queue: str) -> int | None:
+        spec = self.queues.get(queue)
+        if spec is not None and spec.max_priority is not None:
+            return spec.max_priority
         return self.max_priority.get(queue, self.max_priority.get("*"))
 
     def weight(self, queue: str) -> float:
-        return max(1e-9, self.weights.get(queue, 1.0))
+        spec = self.queues.get(queue)
+        raw = spec.weight if spec is not None else self.weights.get(queue, 1.0)
+        return max(1e-9, raw)
+
+    def quota_map(self) -> dict[str, int]:
+        """Every queue's nominal quota (Queue objects over flat quotas), for accounting."""
+        quotas = dict(self.quotas)
+        for name, spec in self.queues.items():
+            if spec.nominal_gpus is not None:
+                quotas[name] = spec.nominal_gpus
+        return quotas
 
 
 def policy_refusal(policy: QueuePolicy, job: QueuedJob) -> str | None:
     """What the queue's policy never allows this job, whatever else runs; None when allowed."""
+    spec = policy.queues.get(job.queue)
+    if spec is None and policy.require_known_queue:
+        return f"queue {job.queue} does not exist (spec.queue)"
+    if spec is not None:
+        refused = spec.accepts(job.gpus)
+        if refused is not None:
+            return refused
     limit = policy.priority_limit(job.queue)
     if limit is not None and job.priority > limit:
         return f"spec.priority {job.priority} is above queue {job.queue}'s maximum of {limit}"
-    quota = policy.quotas.get(job.queue)
+    quota = policy.quota(job.queue)
     if job.service_class is ServiceClass.GUARANTEED and quota is not None and job.gpus > quota:
-        return (
-            f"needs {job.gpus} guaranteed GPUs, more than queue {job.queue}'s "
-            f"whole quota of {quota}"
-        )
+        borrowable = most_borrowable(policy.queues, job.queue, own_quota=True)
+        if borrowable is None or job.gpus > borrowable:
+            beyond = (
+                "" if borrowable is None else f" or than its cohort could ever lend ({borrowable})"
+            )
+            return (
+                f"needs {job.gpus} guaranteed GPUs, more than queue {job.queue}'s "
+                f"whole quota of {quota}{beyond}"
+            )
     return None
 
 

@@ -193,6 +193,20 @@ def pod_facts(pod: dict[str, Any]) -> tuple[PodFacts | None, str | None]:
     return facts, (f"{owner}: {warning}" if warning else None)
 
 
+def admitted_class(job: dict[str, Any]) -> ServiceClass:
+    """The class the job holds GPUs as: what admission decided, else what its spec asks.
+
+    A job admitted beyond its queue's quota runs Opportunistic on its cohort's borrowed
+    capacity whatever its spec says (AntMan); admission records that in status.serviceClass.
+    """
+    decided = (job.get("status") or {}).get("serviceClass")
+    asked = (job.get("spec") or {}).get("serviceClass", "Guaranteed")
+    try:
+        return ServiceClass(decided or asked)
+    except ValueError:
+        return ServiceClass(asked)
+
+
 def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
     """(hold, warning) for a TrainingJob that holds GPUs (admitted or running with a placement)."""
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
@@ -200,7 +214,7 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
         return None, None
     key = job_key(job)
     try:
-        service_class = ServiceClass(spec.get("serviceClass", "Guaranteed"))
+        service_class = admitted_class(job)
         memory = None
         if service_class is ServiceClass.OPPORTUNISTIC and spec.get("gpuMemory") is not None:
             memory = to_mib(spec["gpuMemory"], "spec.gpuMemory")

@@ -15,10 +15,9 @@ from typing import Any
 
 from gangshare.core.annotations import AnnotationError, decode_node
 from gangshare.core.cluster import Cluster
-from gangshare.core.job import ServiceClass
 from gangshare.core.node import NodeState
 from gangshare.core.queueing import RunningJob
-from gangshare.kube.claims import HOLDING_PHASES, job_key
+from gangshare.kube.claims import HOLDING_PHASES, admitted_class, job_key
 from gangshare.kube.ledger import Ledger
 from gangshare.kube.scheduling import node_allocatable, node_taints, requests_by_node
 
@@ -84,8 +83,11 @@ def running_jobs(jobs: Iterable[dict[str, Any]], default_runtime: float) -> list
                 job_key(job),
                 str(spec.get("queue", "default")),
                 gpus,
-                ServiceClass(spec.get("serviceClass", "Guaranteed")),
+                admitted_class(job),
                 None if start is None else start + float(estimate),
+                borrowed=bool(status.get("borrowed")),
+                priority=int(spec.get("priority", 0) or 0),
+                started_at=start or 0.0,
             )
         )
     return running

@@ -47,6 +47,8 @@ class Displacement:
 
     attempt: int
     reason: str
+    # A borrower reclaimed by its cohort's lenders: evicted whole even while running.
+    preempted: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 
 from gangshare.core.annotations import JOB_LABEL
+from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 from gangshare.operator.reconcile import Reconciler
 from gangshare.operator.scheduler import SchedulerLoop
@@ -62,6 +63,11 @@ def build_registry(
     def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
         if namespace:
             reconcile_quietly(namespace, labels[JOB_LABEL])
+        loop.poke()
+
+    @kopf.on.event(GROUP, VERSION, QUEUE_PLURAL, registry=registry)
+    def queue_event(**_: Any) -> None:
+        # Quotas, cohorts and accepted sizes changed: inadmissible jobs are judged again.
         loop.poke()
 
     @kopf.on.event("", "v1", "nodes", registry=registry)

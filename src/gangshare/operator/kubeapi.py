@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from gangshare.core.annotations import JOB_LABEL
+from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger("gangshare.operator")
@@ -105,6 +106,39 @@ class KubeApi:
         )
         items: list[dict[str, Any]] = result["items"]
         return items
+
+    def list_queues(self) -> list[dict[str, Any]] | None:
+        """Every Queue; None when the Queue CRD is not installed (flags alone then decide)."""
+        try:
+            result = cast(
+                dict[str, Any],
+                self.custom.list_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL),
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    def create_queue(self, body: dict[str, Any]) -> bool:
+        """Create a Queue; False when it exists already."""
+        try:
+            self.custom.create_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, body)
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
+        try:
+            self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, QUEUE_PLURAL, name, {"status": status}
+            )
+        except ApiException as err:
+            if err.status != 404:  # deleted meanwhile: nothing to report on
+                raise
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

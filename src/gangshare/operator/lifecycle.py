@@ -9,11 +9,12 @@ which is what makes a crash at any moment harmless.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
 from gangshare.core.failures import DEFAULT_IMAGE_PULL_GRACE_SECONDS, RetryPolicy
+from gangshare.kube.claims import admitted_class
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Event, Observation
@@ -25,6 +26,7 @@ from gangshare.operator.requeue import (
     handle_failure,
     release_gang,
     requeue_evicted,
+    requeue_preempted,
     start_timeout_delay,
 )
 
@@ -138,6 +140,8 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     created = _is_true(status, "GangScheduled")
     if requeue_evicted(status, current, seen.now, gen, actions):
         return
+    if requeue_preempted(status, current, seen, gen, actions):
+        return
     failure = detect_failure(
         spec.workers, current, created, seen.now, gang.limits.image_pull_grace_seconds
     )
@@ -161,7 +165,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
                 worker = placement[rank]
                 actions.create_pods.append(
                     worker_pod(
-                        spec,
+                        as_admitted(spec, seen.job),
                         rank,
                         worker["node"],
                         list(worker["gpus"]),
@@ -223,6 +227,12 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
             }
         )
         actions.events.append(Event("Normal", "Running", message))
+
+
+def as_admitted(spec: TrainingJobSpec, job: dict[str, Any]) -> TrainingJobSpec:
+    """The spec with the class admission decided: its workers ask for that class's GPUs."""
+    decided = admitted_class(job)
+    return spec if decided is spec.service_class else replace(spec, service_class=decided)
 
 
 def _release(gang: _Gang, actions: Actions) -> Release | None:

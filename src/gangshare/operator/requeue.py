@@ -18,7 +18,7 @@ from typing import Any
 
 from gangshare.core.annotations import POD_EVICTED
 from gangshare.core.failures import Failure, FailureClass, RetryPolicy, decide_retry
-from gangshare.operator.actions import Actions, Event
+from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.pod_failures import is_deleting
 
@@ -57,6 +57,8 @@ def release_gang(
             "phase": "Queued",
             "attempt": int(status.get("attempt", 0)) + 1,
             "placement": None,
+            "serviceClass": None,
+            "borrowed": None,
             "admittedAt": None,
             "startedAt": None,
             "nextRetryAt": iso(now + release.delay_seconds) if release.delay_seconds else None,
@@ -179,12 +181,47 @@ def requeue_evicted(
     if evicted is None:
         return False
     release, steps = evicted
-    release_gang(status, current, release, now, gen, actions)
-    actions.status["conditions"] = set_condition(
-        actions.status["conditions"], "Running", False, release.reason, release.message, now, gen
-    )
-    actions.status["evictions"] = int(status.get("evictions", 0)) + 1
+    _requeue_counted(status, current, release, now, gen, actions, "evictions")
     had = (status.get("progress") or {}).get("steps")
     if steps is not None and (not isinstance(had, int) or steps > had):
         actions.status["progress"] = {"steps": steps, "time": iso(now)}
     return True
+
+
+def requeue_preempted(
+    status: dict[str, Any],
+    current: dict[int, dict[str, Any]],
+    seen: Observation,
+    gen: int,
+    actions: Actions,
+) -> bool:
+    """Evict a reclaimed borrower whole and requeue it: its place, retries and restarts kept."""
+    displaced = seen.displaced
+    if displaced is None or not displaced.preempted:
+        return False
+    if displaced.attempt != int(status.get("attempt", 0)):
+        return False
+    release = Release(
+        "Preempted",
+        f"{displaced.reason}; the whole gang is evicted and requeued, keeping its place in "
+        "the queue and its retries",
+    )
+    _requeue_counted(status, current, release, seen.now, gen, actions, "preemptions")
+    return True
+
+
+def _requeue_counted(
+    status: dict[str, Any],
+    current: dict[int, dict[str, Any]],
+    release: Release,
+    now: float,
+    gen: int,
+    actions: Actions,
+    counter: str,
+) -> None:
+    """Release a running gang that lost its GPUs through no fault of its own, and count it."""
+    release_gang(status, current, release, now, gen, actions)
+    actions.status["conditions"] = set_condition(
+        actions.status["conditions"], "Running", False, release.reason, release.message, now, gen
+    )
+    actions.status[counter] = int(status.get(counter, 0)) + 1

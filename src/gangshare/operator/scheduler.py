@@ -11,18 +11,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gangshare.core.clock import Clock
-from gangshare.core.cycle import Admission, Pending, PendingKind, schedule_cycle
-from gangshare.core.estimate import RuntimeEstimator
-from gangshare.core.queueing import QueuedJob, QueuePolicy
+from gangshare.core.cycle import Admission, CycleResult, Pending, PendingKind, schedule_cycle
+from gangshare.core.estimate import RuntimeEstimator, name_group
+from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
+from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
+from gangshare.kube.queue import default_queue_object, parse_queue
 from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
 from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.kubeapi import Conflict, KubeApi
+from gangshare.operator.queue_status import changed_fields, queue_statuses
 from gangshare.operator.reconcile import Reconciler
 
 log = logging.getLogger("gangshare.operator")
@@ -54,6 +57,9 @@ class SchedulerLoop:
         self.clock = clock
         self.interval = interval
         self.estimator = RuntimeEstimator(policy.default_runtime_seconds)
+        # Queue objects as last read (None: the Queue CRD is not installed) and their statuses.
+        self._queue_objects: dict[str, dict[str, Any]] | None = None
+        self._default_queue_checked = False
         self._observed: set[str] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -99,16 +105,24 @@ class SchedulerLoop:
         )
         self._log_new_warnings(snapshot.warnings)
         now = self.clock.now()
+        policy = self._policy_of_the_pass(snapshot.warnings)
+        self.estimator.queue_defaults = {
+            name: spec.default_runtime_seconds
+            for name, spec in policy.queues.items()
+            if spec.default_runtime_seconds is not None
+        }
         self._learn_run_times(jobs)
         by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
-        pending = [q for q in (self._queued(j) for j in jobs) if q is not None]
-        result = schedule_cycle(snapshot.cluster, pending, snapshot.running, self.policy, now)
+        pending = [q for q in (self._queued(j, policy) for j in jobs) if q is not None]
+        result = schedule_cycle(snapshot.cluster, pending, snapshot.running, policy, now)
         report = CycleReport(pending=len(result.pending), warnings=snapshot.warnings)
         for admission in result.admitted:
             if self._admit(by_key[admission.job.key], admission, now):
                 report.admitted.append(admission.job.key)
         for waiting in result.pending:
-            self._explain(by_key[waiting.job.key], waiting, now)
+            self._explain(by_key[waiting.job.key], waiting, now, policy)
+        self._preempt(result, by_key)
+        self._publish_queue_statuses(policy, snapshot.running, result)
         report.seconds = time.perf_counter() - started
         for key in report.admitted:
             namespace, name = key.split("/", 1)
@@ -116,6 +130,59 @@ class SchedulerLoop:
         self._release_displaced(snapshot.displaced, by_key)
         self._resync(jobs, now)
         return report
+
+    # ----- queues --------------------------------------------------------------------
+
+    def _policy_of_the_pass(self, warnings: list[str]) -> QueuePolicy:
+        """The flags' policy, with this pass's Queue objects when the Queue CRD is installed."""
+        objects = self.api.list_queues()
+        if objects is None:
+            self._queue_objects = None
+            return self.policy
+        if not self._default_queue_checked:
+            self._default_queue_checked = True
+            if not any(q["metadata"]["name"] == DEFAULT_QUEUE for q in objects):
+                self.api.create_queue(default_queue_object())
+                objects = self.api.list_queues() or objects
+        specs: dict[str, QueueSpec] = {}
+        for obj in objects:
+            try:
+                spec = parse_queue(obj)
+            except InvalidSpec as err:
+                warnings.append(f"queue {obj['metadata']['name']}: {err}")
+                continue
+            specs[spec.name] = spec
+        self._queue_objects = {q["metadata"]["name"]: q for q in objects}
+        return replace(self.policy, queues=specs, require_known_queue=True)
+
+    def _publish_queue_statuses(
+        self, policy: QueuePolicy, running: list[RunningJob], result: CycleResult
+    ) -> None:
+        if self._queue_objects is None:
+            return
+        statuses = queue_statuses(policy.queues, policy, running, result)
+        for name, wanted in statuses.items():
+            obj = self._queue_objects.get(name) or {}
+            wanted["observedGeneration"] = int((obj.get("metadata") or {}).get("generation", 0))
+            patch = changed_fields(obj.get("status"), wanted)
+            if patch:
+                try:
+                    self.api.patch_queue_status(name, patch)
+                except Exception:  # a status is a report: the next pass writes it again
+                    log.exception("status of queue %s not written; will retry", name)
+
+    def _preempt(self, result: CycleResult, by_key: dict[str, Any]) -> None:
+        """Reclaimed borrowers are evicted whole and requeued (the reconciler does it)."""
+        for preemption in result.preemptions:
+            job = by_key.get(preemption.job.key)
+            if job is None:
+                continue
+            attempt = int((job.get("status") or {}).get("attempt", 0))
+            namespace, name = preemption.job.key.split("/", 1)
+            log.info("%s preempted: %s", preemption.job.key, preemption.reason)
+            self._reconcile_quietly(
+                namespace, name, Displacement(attempt, preemption.reason, preempted=True)
+            )
 
     def _release_displaced(self, displaced: dict[str, str], by_key: dict[str, Any]) -> None:
         """Gangs whose plan broke before they started give their GPUs back and requeue."""
@@ -143,7 +210,7 @@ class SchedulerLoop:
             log.warning("snapshot: %s", warning)
         self._warned = current
 
-    def _queued(self, job: dict[str, Any]) -> QueuedJob | None:
+    def _queued(self, job: dict[str, Any], policy: QueuePolicy) -> QueuedJob | None:
         status = job.get("status") or {}
         if status.get("phase") != "Queued":
             return None
@@ -155,7 +222,7 @@ class SchedulerLoop:
             return None  # the reconciler fails it with the reason
         submitted = parse_time(status.get("queuedAt")) or self.clock.now()
         estimate = self.estimator.predict(
-            spec.queue, spec.total_gpus, spec.runtime_estimate_seconds
+            spec.queue, spec.total_gpus, spec.runtime_estimate_seconds, group=name_group(spec.name)
         )
         return spec.queued(submitted, estimate)
 
@@ -166,6 +233,12 @@ class SchedulerLoop:
         nodes = ", ".join(plan.nodes)
         relaxed = " (topology preference relaxed)" if plan.relaxed else ""
         message = f"admitted: {len(plan.placements)} worker(s) on {nodes}{relaxed}"
+        if admission.borrowed:
+            message = (
+                f"admitted as Opportunistic on borrowed quota ({admission.job.gpus} GPUs beyond "
+                f"queue {admission.job.queue}'s quota; reclaimed first when lenders return): "
+                f"{len(plan.placements)} worker(s) on {nodes}{relaxed}"
+            )
         queued_at = parse_time(status.get("queuedAt")) or now
         patch = {
             "phase": "Admitted",
@@ -173,6 +246,8 @@ class SchedulerLoop:
             "queueWaitSeconds": round(max(0.0, now - queued_at), 3),
             # The run time backfill assumed at admission; running jobs' expected ends use it too.
             "predictedRuntimeSeconds": admission.job.runtime_estimate,
+            "serviceClass": admission.service_class.value,
+            "borrowed": admission.borrowed,
             "placement": [
                 {"rank": p.rank, "node": p.node, "gpus": list(p.gpu_indices)}
                 for p in plan.placements
@@ -191,11 +266,14 @@ class SchedulerLoop:
             self.api.patch_job_status(job, patch)
         except Conflict:
             return False  # the job changed under us; the next pass plans it again
-        self.api.post_event(job, "Normal", "Admitted", message, action="Schedule")
+        reason = "AdmittedBorrowing" if admission.borrowed else "Admitted"
+        self.api.post_event(job, "Normal", reason, message, action="Schedule")
         log.info("%s %s", admission.job.key, message)
         return True
 
-    def _explain(self, job: dict[str, Any], waiting: Pending, now: float) -> None:
+    def _explain(
+        self, job: dict[str, Any], waiting: Pending, now: float, policy: QueuePolicy
+    ) -> None:
         status = job.get("status") or {}
         if status.get("message") == waiting.reason:
             return  # unchanged: no write, no event
@@ -211,8 +289,11 @@ class SchedulerLoop:
         )
         if waiting.kind is PendingKind.INADMISSIBLE:
             # Waiting cannot help: said once, re-judged every pass as nodes and policy change.
+            why = "QueueNotFound" if waiting.job.queue not in policy.queues else "CannotFit"
+            if not policy.require_known_queue:
+                why = "CannotFit"
             conditions = set_condition(
-                conditions, "Inadmissible", True, "CannotFit", waiting.reason, now, gen
+                conditions, "Inadmissible", True, why, waiting.reason, now, gen
             )
         else:
             conditions = _clear_inadmissible(conditions, now, gen)
@@ -235,7 +316,9 @@ class SchedulerLoop:
             spec = job.get("spec") or {}
             if start is not None and end is not None:
                 gpus = int(spec.get("workers", 1)) * int(spec.get("gpusPerWorker", 1))
-                self.estimator.observe(str(spec.get("queue", "default")), gpus, end - start)
+                group = name_group(str(job["metadata"].get("name", "")))
+                queue = str(spec.get("queue", "default"))
+                self.estimator.observe(queue, gpus, end - start, group=group)
 
     def _resync(self, jobs: list[dict[str, Any]], now: float) -> None:
         """Time-driven steps no watch announces (new jobs, back-off, TTL), and a slow full pass."""
