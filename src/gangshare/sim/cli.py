@@ -61,7 +61,7 @@ def add_simulate_command(commands: Any) -> None:
         "--policy",
         action="append",
         help="comma-separated policies (fifo, priority, qssf, sjf-oracle, multi-queue, "
-        "fair-share, backfill, antman); repeat to compare (default: fifo)",
+        "fair-share, backfill, antman, cohort, oracle-runtimes); repeat to compare (default: fifo)",
     )
     sim.add_argument("--seed", type=int, default=0, help="seed for class, priority, workload draws")
     sim.add_argument("--out", type=Path, default=Path("sim-out"), help="output directory")

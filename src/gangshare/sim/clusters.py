@@ -9,6 +9,13 @@ simulator-only `queues` section, since the simulator has no Queue objects to rea
         weight: 512    # fair-share weight (default: the quota, else 1)
         gpuModel: X    # optional: the queue's jobs only run on GPUs of this model; a pool
                        # whose model only this queue asks for is that queue's own machines
+        cohort: c      # optional: queues of one cohort lend each other idle quota
+        borrowingLimit: 64  # optional: most GPUs the queue borrows at once (default: any)
+        lendingLimit: 32    # optional: most of its idle quota it lends (default: all)
+
+Cohorts only take effect under the `cohort` policy (without it quotas are hard walls,
+as before); that policy puts every queue with a quota in one cohort, `all`, unless
+the spec names cohorts itself.
 
 The Alibaba node list (sn, gpu, model) names GPU models but not their memory,
 NVLink layout or racks; `ALIBABA_GPU_MEMORY_MIB` and `alibaba_node` state what is
@@ -53,6 +60,10 @@ class SimCluster:
     weights: dict[str, float] = field(default_factory=dict)
     # Queue -> the GPU model its jobs require.
     pins: dict[str, str] = field(default_factory=dict)
+    # Queue -> its cohort, and the borrowing / lending limits the spec sets (GPUs).
+    cohorts: dict[str, str] = field(default_factory=dict)
+    borrowing_limits: dict[str, int] = field(default_factory=dict)
+    lending_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpu_count(self) -> int:
@@ -94,6 +105,8 @@ def parse_queues(queues: Any) -> SimCluster:
     quotas: dict[str, int] = {}
     weights: dict[str, float] = {}
     pins: dict[str, str] = {}
+    cohorts: dict[str, str] = {}
+    limits: dict[str, dict[str, int]] = {"borrowingLimit": {}, "lendingLimit": {}}
     for position, queue in enumerate(queues):
         path = f"--cluster: queues[{position}]"
         if not isinstance(queue, Mapping) or not isinstance(queue.get("name"), str | int):
@@ -115,7 +128,28 @@ def parse_queues(queues: Any) -> SimCluster:
             if not isinstance(model, str) or not model:
                 raise SpecError(f"{path}.gpuModel: must be a GPU model name, got {model!r}")
             pins[name] = model
-    return SimCluster(Cluster(), "", quotas, weights, pins)
+        cohort = queue.get("cohort")
+        if cohort is not None:
+            if not isinstance(cohort, str | int) or isinstance(cohort, bool) or cohort == "":
+                raise SpecError(f"{path}.cohort: must be a cohort name, got {cohort!r}")
+            cohorts[name] = str(cohort)
+        for key, found in limits.items():
+            limit = queue.get(key)
+            if limit is None:
+                continue
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise SpecError(f"{path}.{key}: must be a non-negative integer, got {limit!r}")
+            found[name] = limit
+    return SimCluster(
+        Cluster(),
+        "",
+        quotas,
+        weights,
+        pins,
+        cohorts,
+        limits["borrowingLimit"],
+        limits["lendingLimit"],
+    )
 
 
 def alibaba_node(name: str, gpus: int, model: str, rack: str) -> NodeSpec:

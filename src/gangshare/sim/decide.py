@@ -11,6 +11,11 @@ Precondition: every pending job can run at all. The cycle marks a job that never
 can (`never_fits`, `policy_refusal`) Inadmissible and lets its lane go on past it;
 the engine rejects such jobs on arrival with the same two functions, so the index
 may stop a lane at the first job that certainly blocks.
+
+With cohorts a job beyond its queue's quota may still borrow, so what a queue can take
+is its remaining quota plus `borrow_room`: what its cohort lends and nobody borrows yet,
+within its borrowing limit. Both only shrink during a cycle (admissions add guaranteed
+use and borrowing; reclaim comes after admission), so bounds taken at its start hold.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from gangshare.core import Cluster, ServiceClass
 from gangshare.core.cycle import CycleResult, schedule_cycle
 from gangshare.core.queueing import QueuePolicy, RunningJob
+from gangshare.core.queues import CohortBook
 from gangshare.sim.pending import PendingIndex
 
 
@@ -46,7 +52,37 @@ def guaranteed_usage(running: Sequence[RunningJob]) -> dict[str, int]:
 
 
 def quota_headroom(policy: QueuePolicy, usage: Mapping[str, int]) -> dict[str, int]:
-    return {queue: quota - usage.get(queue, 0) for queue, quota in policy.quotas.items()}
+    return {queue: quota - usage.get(queue, 0) for queue, quota in policy.quota_map().items()}
+
+
+def borrowed_usage(running: Sequence[RunningJob]) -> dict[str, int]:
+    """GPUs per queue held on borrowed quota, as the cycle's phase 1 counts them."""
+    borrowed: dict[str, int] = {}
+    for job in running:
+        if job.borrowed:
+            borrowed[job.queue] = borrowed.get(job.queue, 0) + job.gpus
+    return borrowed
+
+
+def borrow_room(
+    policy: QueuePolicy, usage: Mapping[str, int], borrowed: Mapping[str, int]
+) -> dict[str, int]:
+    """Most GPUs each queue that may borrow could borrow now (cohort queues with a quota)."""
+    queues = policy.queues
+    if not any(spec.cohort for spec in queues.values()):
+        return {}
+    book = CohortBook(queues, dict(usage), dict(borrowed))
+    cohorts = {spec.cohort for spec in queues.values() if spec.cohort is not None}
+    free = {cohort: book.lent(cohort) - book.borrowed_in(cohort) for cohort in cohorts}
+    rooms: dict[str, int] = {}
+    for spec in queues.values():
+        if spec.cohort is None or spec.nominal_gpus is None:
+            continue
+        room = free[spec.cohort]
+        if spec.borrowing_limit is not None:
+            room = min(room, spec.borrowing_limit - borrowed.get(spec.name, 0))
+        rooms[spec.name] = max(0, room)
+    return rooms
 
 
 def decide(
@@ -59,6 +95,7 @@ def decide(
     free_gpus: int | None = None,
     usage: Mapping[str, int] | None = None,
     share_slots: int | None = None,
+    borrowed: Mapping[str, int] | None = None,
 ) -> CycleResult:
     if free_gpus is None:
         free_gpus = free_guaranteed_gpus(cluster)
@@ -66,5 +103,8 @@ def decide(
         usage = guaranteed_usage(running)
     if share_slots is None:
         share_slots = free_share_slots(cluster)
-    jobs = pending.candidates(free_gpus, quota_headroom(policy, usage), share_slots)
+    if borrowed is None:
+        borrowed = borrowed_usage(running)
+    rooms = borrow_room(policy, usage, borrowed)
+    jobs = pending.candidates(free_gpus, quota_headroom(policy, usage), share_slots, rooms)
     return schedule_cycle(cluster, jobs, list(running), policy, now)

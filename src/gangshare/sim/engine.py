@@ -16,6 +16,12 @@ duty 0, has none until it moves again). An opportunistic job whose GPU runs out 
 memory (a guaranteed job placed beside it in the same cycle) is evicted and requeued;
 it keeps the work it has done (checkpointed).
 
+Under the `cohort` policy a job beyond its queue's quota may run on its cohort's idle
+quota, as an Opportunistic tenant (the core's Admission says so). When a lender's own
+jobs take that quota back, the cycle names borrowers to reclaim (`CycleResult.preemptions`):
+each is evicted whole before the cycle's admissions start, keeps the work it has done,
+and is requeued at its original place in its lane (its queueing delay keeps counting).
+
 A job that could not be placed even on the empty cluster, or that asks for more
 guaranteed GPUs than its queue's quota, is rejected on arrival (as the operator's
 validation would) instead of blocking its lane for ever.
@@ -36,13 +42,13 @@ from dataclasses import dataclass, field
 from gangshare.core import ServiceClass
 from gangshare.core.clock import ManualClock
 from gangshare.core.coordinator import ControlParams
-from gangshare.core.cycle import Admission
+from gangshare.core.cycle import Admission, CycleResult
 from gangshare.core.estimate import RuntimeEstimator
 from gangshare.core.gang import never_fits
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, policy_refusal
 from gangshare.sim.clusters import SimCluster
 from gangshare.sim.colocation import ColocationModel
-from gangshare.sim.decide import decide
+from gangshare.sim.decide import borrow_room, decide
 from gangshare.sim.ledger import GpuId, GpuLedger
 from gangshare.sim.metrics import JobRecord, TimeSeries
 from gangshare.sim.pending import PendingIndex
@@ -77,7 +83,11 @@ class JobState:
     updated: float = 0.0
     version: int = 0
     evictions: int = 0
+    # Evictions that reclaimed borrowed quota (a subset of `evictions`).
+    reclaims: int = 0
     held: float = 0.0
+    # Seconds it has run, over all its runs (an evicted job resumes where it stopped).
+    ran: float = 0.0
 
 
 @dataclass
@@ -87,7 +97,13 @@ class Counters:
     skipped_cycles: int = 0
     completions: int = 0
     ticks: int = 0
+    # Every eviction (memory overflow or reclaim), and the reclaims among them.
     evictions: int = 0
+    reclaims: int = 0
+    # Admissions on borrowed quota.
+    borrowed: int = 0
+    # Backfill reservations the cycles made (a blocked head's claim on GPUs freeing up).
+    reservations: int = 0
 
 
 class Simulation:
@@ -103,7 +119,14 @@ class Simulation:
         self.setup = setup
         self.cluster = setup.cluster
         self.policy = policy
-        self.queue_policy: QueuePolicy = policy.queue_policy(setup.quotas, setup.weights)
+        self.queue_policy: QueuePolicy = policy.queue_policy(
+            setup.quotas,
+            setup.weights,
+            setup.cohorts,
+            setup.borrowing_limits,
+            setup.lending_limits,
+        )
+        self._quotas = self.queue_policy.quota_map()
         ordered = sorted(specs, key=lambda s: s.trace.submit)
         # Checked while the cluster is still empty; shapes repeat, so answers are kept.
         self._shapes: dict[tuple[object, ...], bool] = {}
@@ -115,11 +138,14 @@ class Simulation:
         self.estimator = RuntimeEstimator(self.queue_policy.default_runtime_seconds)
         # As the operator does each pass: estimates of the moment, unless the oracle knows.
         self.pending = PendingIndex(
-            self.queue_policy, None if policy.oracle else self.estimator.predict
+            self.queue_policy, None if policy.exact_runtimes else self.estimator.predict
         )
         self.running: dict[str, RunningJob] = {}
         self.jobs: dict[str, JobState] = {}
         self.usage: dict[str, int] = {}
+        # GPUs each queue holds on its cohort's lent quota (borrowed jobs, Opportunistic).
+        self.borrowed: dict[str, int] = {}
+        self.borrowed_gpus = 0
         self.free_gpus = sum(n.free_guaranteed for n in self.cluster.nodes.values())
         params = ControlParams(tolerance=config.tolerance, period_seconds=config.control_period)
         self.ledger = GpuLedger(
@@ -219,6 +245,7 @@ class Simulation:
         values: tuple[float, ...] = (ledger.util_sum, ledger.memory_sum, ledger.busy)
         values += (ledger.guaranteed, ledger.slots_used, waiting, waiting * ledger.util_sum)
         values += (waiting * ledger.memory_sum, ledger.beside, ledger.beside_speed)
+        values += (float(self.borrowed_gpus),)
         self.series.add(self._now, now, values)
         self._now = now
         self.clock.set(now)
@@ -237,20 +264,22 @@ class Simulation:
 
     def _arrive(self, spec: JobSpec, now: float) -> QueuedJob:
         trace = spec.trace
-        estimate = trace.duration if self.policy.oracle else None  # else predicted when read
+        # The true run time under sjf-oracle or oracle-runtimes, else predicted when read.
+        estimate = trace.duration if self.policy.exact_runtimes else None
         queued = QueuedJob(spec.key, spec.gang, trace.submit, trace.queue, spec.priority, estimate)
         self.jobs[spec.key] = JobState(spec, queued, pending_since=now)
         self.pending.add(queued)
         return queued
 
     def _headroom(self) -> dict[str, int]:
-        return {q: quota - self.usage.get(q, 0) for q, quota in self.queue_policy.quotas.items()}
+        return {q: quota - self.usage.get(q, 0) for q, quota in self._quotas.items()}
 
     def _any_may_start(self, arrived: list[QueuedJob]) -> bool:
         if not arrived:
             return False
         headroom = self._headroom()
-        return any(self.pending.may_start(q, self.free_gpus, headroom) for q in arrived)
+        room = borrow_room(self.queue_policy, self.usage, self.borrowed)
+        return any(self.pending.may_start(q, self.free_gpus, headroom, room) for q in arrived)
 
     def _cycles(self, now: float) -> None:
         for _ in range(MAX_CYCLES_PER_INSTANT):
@@ -264,15 +293,36 @@ class Simulation:
                 free_gpus=self.free_gpus,
                 usage=self.usage,
                 share_slots=self.ledger.slots_total - self.ledger.slots_used,
+                borrowed=self.borrowed,
             )
+            self.counters.reservations += len(result.reservations)
+            # Reclaimed borrowers leave first: the admitted plans were made beside them.
+            reclaimed = self._reclaim(result, now)
             if not result.admitted:
+                if reclaimed:
+                    continue
                 return
             touched: list[GpuId] = []
             for admission in result.admitted:
                 touched.extend(self._start(admission, now))
             evicted = self._evict_overfull(touched, now)
-            if not (evicted or self.pending.opportunistic):
+            if not (evicted or reclaimed or self.pending.opportunistic):
                 return
+
+    def _reclaim(self, result: CycleResult, now: float) -> bool:
+        """Evict the borrowers the cycle reclaims, whole; requeued with their progress kept."""
+        for preemption in result.preemptions:
+            job = self.jobs[preemption.job.key]
+            if not self.running[job.spec.key].borrowed:
+                raise AssertionError(f"{job.spec.key}: reclaimed but not borrowing")
+            self._stop(job, now)
+            job.evictions += 1
+            job.reclaims += 1
+            job.pending_since = now
+            self.pending.add(job.queued)
+            self.counters.evictions += 1
+            self.counters.reclaims += 1
+        return bool(result.preemptions)
 
     def _start(self, admission: Admission, now: float) -> list[GpuId]:
         queued = admission.job  # as the cycle saw it, with the estimate it used
@@ -284,12 +334,26 @@ class Simulation:
             job.first_start = now
         job.start = job.updated = now
         job.speed = 0.0
-        cls = queued.service_class
+        # The class it runs as: Opportunistic on borrowed quota, whatever it asked for.
+        cls = admission.service_class
         expected = now + (queued.runtime_estimate or self.queue_policy.default_runtime_seconds)
-        self.running[queued.key] = RunningJob(queued.key, queued.queue, queued.gpus, cls, expected)
+        self.running[queued.key] = RunningJob(
+            queued.key,
+            queued.queue,
+            queued.gpus,
+            cls,
+            expected,
+            borrowed=admission.borrowed,
+            priority=queued.priority,
+            started_at=now,
+        )
         if cls is ServiceClass.GUARANTEED:
             self.usage[queued.queue] = self.usage.get(queued.queue, 0) + queued.gpus
             self.free_gpus -= queued.gpus
+        if admission.borrowed:
+            self.borrowed[queued.queue] = self.borrowed.get(queued.queue, 0) + queued.gpus
+            self.borrowed_gpus += queued.gpus
+            self.counters.borrowed += 1
         owners = self.ledger.refresh(job.gpus, now)
         owners.add(queued.key)
         self._update_speeds(owners, now)
@@ -337,10 +401,14 @@ class Simulation:
         job.done += job.speed * (now - job.updated)
         job.updated = now
         job.held += len(job.gpus) * (now - job.start)
+        job.ran += now - job.start
         running = self.running.pop(key)
         if running.service_class is ServiceClass.GUARANTEED:
             self.usage[running.queue] -= running.gpus
             self.free_gpus += running.gpus
+        if running.borrowed:
+            self.borrowed[running.queue] -= running.gpus
+            self.borrowed_gpus -= running.gpus
         self.cluster.release(key)
         gpus, job.gpus = job.gpus, []
         job.speed = 0.0
@@ -349,9 +417,11 @@ class Simulation:
 
     def _finish(self, job: JobState, now: float) -> None:
         trace = job.spec.trace
+        borrowed = self.running[trace.key].borrowed
         self._stop(job, now)
         self.counters.completions += 1
-        self.estimator.observe(trace.queue, trace.gpus, now - job.start)
+        # All its runs: the last alone would teach the estimator that an evicted job is short.
+        self.estimator.observe(trace.queue, trace.gpus, job.ran)
         assert job.first_start is not None
         self.records.append(
             JobRecord(
@@ -367,6 +437,8 @@ class Simulation:
                 last_run=now - job.start,
                 evictions=job.evictions,
                 held=job.held,
+                borrowed=borrowed,
+                reclaims=job.reclaims,
             )
         )
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gangshare.sim.decide import free_guaranteed_gpus, guaranteed_usage
+from gangshare.core.queues import CohortBook
+from gangshare.sim.decide import borrowed_usage, free_guaranteed_gpus, guaranteed_usage
 from gangshare.sim.sharing import share_gpu
 
 if TYPE_CHECKING:
@@ -83,6 +84,33 @@ def check_books(sim: Simulation) -> None:
             _fail(f"job {key}: holds GPUs but is not running")
 
 
+def check_quotas(sim: Simulation) -> None:
+    """Guaranteed GPUs per queue within its quota; every cohort lends at least what its
+    queues borrow (after the instant's reclaims); only cohort queues borrow."""
+    policy = sim.queue_policy
+    guaranteed = guaranteed_usage(list(sim.running.values()))
+    for queue, quota in policy.quota_map().items():
+        if guaranteed.get(queue, 0) > quota:
+            _fail(f"queue {queue}: {guaranteed[queue]} guaranteed GPUs over its quota of {quota}")
+    borrowed = borrowed_usage(list(sim.running.values()))
+    if {q: n for q, n in sim.borrowed.items() if n} != borrowed:
+        _fail(f"borrowed GPUs: tracked {sim.borrowed}, running {borrowed}")
+    book = CohortBook(policy.queues, guaranteed, borrowed)
+    for queue in borrowed:
+        spec = policy.queues.get(queue)
+        if spec is None or spec.cohort is None:
+            _fail(f"queue {queue} borrows {borrowed[queue]} GPUs but is in no cohort")
+        elif spec.borrowing_limit is not None and borrowed[queue] > spec.borrowing_limit:
+            _fail(f"queue {queue} borrows {borrowed[queue]} of at most {spec.borrowing_limit}")
+    for cohort in sorted({s.cohort for s in policy.queues.values() if s.cohort is not None}):
+        if book.borrowed_in(cohort) > book.lent(cohort):
+            _fail(
+                f"cohort {cohort}: borrowers hold {book.borrowed_in(cohort)} GPUs, "
+                f"its queues lend {book.lent(cohort)}"
+            )
+
+
 def check_state(sim: Simulation) -> None:
     check_gpus(sim)
     check_books(sim)
+    check_quotas(sim)

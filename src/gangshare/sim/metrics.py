@@ -3,9 +3,11 @@
 Definitions (the Markdown report repeats them):
 - JCT = end - submit; queueing delay = time spent pending (before the first start,
   plus after any eviction).
-- guaranteed slowdown = run time / solo duration - 1, for guaranteed jobs.
+- guaranteed slowdown = run time / solo duration - 1, for guaranteed jobs (not those
+  whose last run was on a cohort's borrowed quota: that run was Opportunistic).
 - GPU allocation rate = GPUs holding a guaranteed job / all GPUs; occupied = GPUs
-  with any tenant / all GPUs (time averages).
+  with any tenant / all GPUs; borrowed = GPUs held by jobs on a cohort's borrowed quota
+  / all GPUs (time averages).
 - effective SM / memory utilization = the GPUs' modelled SM busy % and memory in
   use over all GPUs (cluster-wide), over occupied GPUs only, and over all GPUs
   while some job waits (backlog: where sharing can add work; over the whole replay
@@ -42,6 +44,10 @@ class JobRecord:
     evictions: int
     # GPU-seconds held (guaranteed: GPUs; opportunistic: share slots).
     held: float
+    # Its last run was on its cohort's borrowed quota (as an Opportunistic tenant).
+    borrowed: bool = False
+    # Evictions that reclaimed borrowed quota (counted in `evictions` too).
+    reclaims: int = 0
 
     @property
     def jct(self) -> float:
@@ -96,6 +102,7 @@ class TimeSeries:
         "memory_backlog",
         "beside",
         "beside_speed",
+        "borrowed",
     )
     bins: list[list[float]] = field(default_factory=list)
     totals: dict[str, float] = field(default_factory=dict)
@@ -151,7 +158,7 @@ def summarize(
     totals = series.totals
     busy = totals.get("busy", 0.0)
     backlog = totals.get("backlog", 0.0)
-    guaranteed = [r for r in records if r.service_class == "Guaranteed"]
+    guaranteed = [r for r in records if r.service_class == "Guaranteed" and not r.borrowed]
     opportunistic = [r for r in records if r.service_class == "Opportunistic"]
     slot_seconds = sum(r.held for r in opportunistic)
     classes = sorted({r.service_class for r in records})
@@ -168,6 +175,8 @@ def summarize(
         "makespan_seconds": makespan,
         "gpu_allocation_rate": totals.get("guaranteed", 0.0) / (gpu_count * span),
         "gpu_occupied_rate": busy / (gpu_count * span),
+        # GPUs held on a cohort's borrowed quota (Opportunistic tenants, whole gangs).
+        "gpu_borrowed_rate": totals.get("borrowed", 0.0) / (gpu_count * span),
         "sm_util_cluster": totals.get("util", 0.0) / 100.0 / (gpu_count * span),
         "memory_util_cluster": totals.get("memory", 0.0) / (memory_mib * span),
         "sm_util_occupied": totals.get("util", 0.0) / 100.0 / busy if busy else 0.0,
@@ -185,6 +194,9 @@ def summarize(
             max(0.0, r.last_run / r.duration - 1.0) for r in guaranteed
         ),
         "evictions": sum(r.evictions for r in records),
+        "reclaims": sum(r.reclaims for r in records),
+        # Jobs that finished on borrowed quota (their last run beyond their queue's quota).
+        "finished_borrowed": sum(1 for r in records if r.borrowed),
         # Share of opportunistic GPU-time spent beside a guaranteed job (the rest: spare GPUs).
         "opportunistic_beside_guaranteed": (
             totals.get("beside", 0.0) / totals["slots"] if totals.get("slots") else 0.0

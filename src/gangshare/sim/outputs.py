@@ -118,10 +118,13 @@ def series_json(result: RunResult) -> dict[str, Any]:
         "memory_util": ("memory", float(result.summary["memory_capacity_mib"])),
         "occupied": ("busy", float(result.gpu_count)),
         "allocated": ("guaranteed", float(result.gpu_count)),
+        "borrowed": ("borrowed", float(result.gpu_count)),
     }
     out: dict[str, Any] = {"seconds_per_point": group * series.bin_seconds}
     for name, (channel, scale) in scales.items():
         values = series.averages(channel, scale)
+        if name == "borrowed" and not any(values):
+            continue  # no cohort: nothing is ever borrowed
         out[name] = [
             round(sum(values[i : i + group]) / len(values[i : i + group]), 4)
             for i in range(0, len(values), group)

@@ -122,47 +122,79 @@ class PendingIndex:
         # The core clears a lane behind a blocked job, except guaranteed lanes under backfill.
         return not (self.policy.backfill and lane[1] == ServiceClass.GUARANTEED.value)
 
-    def may_start(self, job: QueuedJob, free_gpus: int, headroom: Mapping[str, int]) -> bool:
+    def may_start(
+        self,
+        job: QueuedJob,
+        free_gpus: int,
+        headroom: Mapping[str, int],
+        borrow_room: Mapping[str, int] | None = None,
+    ) -> bool:
         """False when a just-arrived job certainly stays pending, the rest of the cluster unchanged.
 
         Called only when nothing was freed since the last cycle, so every other
         pending job is still blocked: a job behind them in a strict lane waits, and
-        a guaranteed job needs its GPUs free and within its queue's quota.
+        a guaranteed job needs its GPUs free and within its queue's quota, or (in a
+        cohort) no more GPUs than its queue may still borrow.
         """
         self._estimates.clear()
         lane = self._where[job.key][0]
         if self._strict(lane) and next(self.lane(lane)).key != job.key:
             return False
         if job.service_class is ServiceClass.GUARANTEED:
+            if job.gpus <= (borrow_room or {}).get(job.queue, 0):
+                return True
             return job.gpus <= free_gpus and job.gpus <= headroom.get(job.queue, UNLIMITED)
         return True
 
     def candidates(
-        self, free_gpus: int, headroom: Mapping[str, int], share_slots: int
+        self,
+        free_gpus: int,
+        headroom: Mapping[str, int],
+        share_slots: int,
+        borrow_room: Mapping[str, int] | None = None,
     ) -> list[QueuedJob]:
         """The jobs a cycle must see to reach exactly the decisions it would reach on all of them.
 
+        `borrow_room`: for each queue that may borrow (in a cohort, with a quota), the
+        most GPUs it could borrow now; a borrowed job also takes a share slot per GPU.
+
         - Strict lane: jobs in order up to and including the first one that
           certainly blocks: with all earlier ones admitted, it would need more GPUs
-          than are free for guaranteed work (or its quota has left), or more share
-          slots than are free. The core stops the lane there.
+          than are free for guaranteed work within its quota plus what its queue may
+          borrow, or more share slots than are free. The core stops the lane there.
         - Guaranteed lane under backfill (the core visits all of it): the head, which
           sets the lane's place in the visiting order, and every job that fits its
-          queue's remaining quota. A job over quota is refused before anything else
-          is checked, changes nothing, and cannot move the lane's order, so leaving
-          it out changes no decision.
+          queue's remaining quota or what it may borrow. A job beyond both is refused
+          before anything else is checked and changes nothing. Outside cohorts it
+          cannot move the lane's order either, so leaving it out changes no decision.
+          In a cohort it can: while it is the lane's head, the lane waits behind every
+          head within its quota. Of each run of such jobs only the last matters (the
+          ones before it are refused no later than it is), so it is kept.
         """
         self._estimates.clear()
+        rooms = borrow_room or {}
         chosen: list[QueuedJob] = []
         for lane in self._parts:
             guaranteed = lane[1] == ServiceClass.GUARANTEED.value
             room = headroom.get(lane[0], UNLIMITED) if guaranteed else UNLIMITED
+            borrow = min(rooms.get(lane[0], 0), share_slots) if guaranteed else 0
             jobs = self.lane(lane)
             if not self._strict(lane):
                 chosen.append(next(jobs))
-                chosen.extend(job for job in jobs if job.gpus <= room)
+                if lane[0] not in rooms:
+                    chosen.extend(job for job in jobs if job.gpus <= room)
+                    continue
+                skipped: QueuedJob | None = None
+                for job in jobs:
+                    if job.gpus <= room or job.gpus <= borrow:
+                        if skipped is not None:
+                            chosen.append(skipped)
+                            skipped = None
+                        chosen.append(job)
+                    else:
+                        skipped = job
                 continue
-            bound = min(free_gpus, room) if guaranteed else share_slots
+            bound = min(free_gpus, room) + borrow if guaranteed else share_slots
             used = 0
             for job in jobs:
                 chosen.append(job)

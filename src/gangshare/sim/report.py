@@ -29,6 +29,7 @@ from gangshare.sim.trace import Trace, load_trace
 
 SEED = 1
 FULL_STACK = "multi-queue,fair-share,backfill,antman"
+COHORT_STACK = f"{FULL_STACK},cohort"
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ PHILLY = "philly/philly_jobs.csv"
 ALIBABA = "alibaba-gpu-v2023/openb_pod_list_default.csv"
 ALIBABA_NODES = "alibaba-gpu-v2023/openb_node_list_gpu_node.csv"
 HELIOS_WINDOW = "2017-10-01,2017-11-30 23:59:00"
+# Six weeks whose submissions outrun the 3/16-size cluster (philly-helios-3of16.yaml says why).
+COHORT_WINDOW = "2017-09-22,2017-11-03"
 
 EXPERIMENTS = (
     Experiment(
@@ -103,6 +106,23 @@ EXPERIMENTS = (
         "examples/clusters/philly-helios.yaml",
         ("fifo",),
         plotted=None,
+    ),
+    Experiment(
+        "philly-cohort",
+        "Philly Sep 22 - Nov 3 2017 (backlogged), Helios VCs at 3/16 size on one shared pool"
+        " (528 GPUs), with and without one cohort of all VCs",
+        PHILLY,
+        "examples/clusters/philly-helios-3of16.yaml",
+        (
+            "fifo",
+            "fifo,cohort",
+            FULL_STACK,
+            COHORT_STACK,
+            f"qssf,{COHORT_STACK}",
+            f"sjf-oracle,{COHORT_STACK}",
+        ),
+        window=COHORT_WINDOW,
+        plotted=("fifo", "fifo,cohort", FULL_STACK, COHORT_STACK, f"sjf-oracle,{COHORT_STACK}"),
     ),
     Experiment(
         "alibaba",
@@ -170,7 +190,7 @@ def run_all(
     began = time.perf_counter()
     tasks = [(e, p) for e in experiments for p in e.policies]
     # Sharing runs are the slowest (opportunistic placement scans every node): start them first.
-    tasks.sort(key=lambda t: ("antman" not in t[1], t[0].name != "philly"))
+    tasks.sort(key=lambda t: ("antman" not in t[1], t[0].name not in ("philly", "philly-cohort")))
     found: dict[tuple[str, str], RunResult] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(run_one, e, p, traces): (e.name, p) for e, p in tasks}

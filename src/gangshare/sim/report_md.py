@@ -13,6 +13,7 @@ from gangshare.core.coordinator import ControlParams
 from gangshare.sim.engine import SimConfig
 from gangshare.sim.outputs import class_table, jct_table, speed_table, utilization_table
 from gangshare.sim.policy import __doc__ as POLICY_DOC
+from gangshare.sim.report_cohort import cohort_section
 from gangshare.sim.report_compare import (
     antman_section,
     by_policy,
@@ -59,7 +60,8 @@ def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
         "cluster spec's `queues` give each VC a guaranteed-GPU quota (its Helios size) and a",
         "fair-share weight equal to that quota. Run times: the backfill reservations and `qssf`",
         "see only `RuntimeEstimator` predictions (median of the last 50 finished runs of the same",
-        "VC and GPU count, made when the job is submitted); only `sjf-oracle` sees true durations.",
+        "VC and GPU count, made when the job is submitted); only `sjf-oracle` and",
+        "`oracle-runtimes` see true durations.",
         "",
         "### Service classes (under `antman` only; otherwise every job is Guaranteed)",
         "",
@@ -215,8 +217,9 @@ def usage_section() -> list[str]:
         "list, or a generic CSV with columns `submit_time,duration,num_gpus` (seconds, seconds,",
         "GPUs) and optional `job_id,queue,service_class,priority,gpu_memory_mib`. `--cluster`",
         "reads a cluster spec (`nodePools` as for `gangshare plan`, plus `queues` with `quota`,",
-        "`weight` and `gpuModel`) or an Alibaba node list. A bad file, column or policy ends",
-        "with one line naming the flag and field, and exit code 2.",
+        "`weight`, `gpuModel`, `cohort`, `borrowingLimit` and `lendingLimit`) or an Alibaba",
+        "node list. A bad file, column or policy ends with one line naming the flag and field,",
+        "and exit code 2.",
         "",
         "`.venv/bin/python bench/simulator.py` times the Philly replay alone by trace length.",
         "",
@@ -253,6 +256,7 @@ def results_markdown(outcomes: Sequence[Outcome], seconds: float, workers: int) 
             "would otherwise relieve; what keeps jobs waiting is their VC's quota.",
             "",
         ]
+    lines += cohort_section(named.get("philly-cohort"))
     lines += helios_section(named)
     lines += philly_study_section(named)
     if "alibaba" in named:

@@ -52,6 +52,10 @@ class RunResult:
                 "cycles": c.cycles,
                 "skipped_cycles": c.skipped_cycles,
                 "control_ticks": c.ticks,
+                "evictions": c.evictions,
+                "reclaims": c.reclaims,
+                "borrowed_admissions": c.borrowed,
+                "backfill_reservations": c.reservations,
             },
         }
 
@@ -68,7 +72,15 @@ def simulate(
 ) -> RunResult:
     config = config or SimConfig()
     setup = make_cluster()  # a fresh cluster per run: the simulation allocates on it
-    specs = prepare_jobs(trace, model, seed, policy.antman, opportunistic_fraction, setup.pins)
+    specs = prepare_jobs(
+        trace,
+        model,
+        seed,
+        policy.antman,
+        opportunistic_fraction,
+        setup.pins,
+        declare_memory=policy.cohort,
+    )
     sim = Simulation(specs, setup, policy, model, config, on_progress)
     if config.check_invariants:
         sim.check = check_state

@@ -91,8 +91,15 @@ def prepare_jobs(
     antman: bool,
     opportunistic_fraction: float,
     pins: Mapping[str, str] | None = None,
+    declare_memory: bool = False,
 ) -> list[JobSpec]:
-    """`pins`: queue -> GPU model its jobs require (a VC that owns its machines)."""
+    """`pins`: queue -> GPU model its jobs require (a VC that owns its machines).
+
+    Opportunistic jobs declare their workload's GPU memory; with `declare_memory` every
+    job does (cohorts: a guaranteed job that borrows runs as an Opportunistic tenant, and
+    the memory it declares is what the core lends beside it). Guaranteed placement
+    ignores it: a guaranteed worker owns whole GPUs.
+    """
     pins = pins or {}
     specs = []
     for job in trace.jobs:
@@ -109,7 +116,7 @@ def prepare_jobs(
             workers=workers,
             gpus_per_worker=per_worker,
             service_class=cls,
-            gpu_memory_mib=memory if cls is ServiceClass.OPPORTUNISTIC else None,
+            gpu_memory_mib=memory if declare_memory or cls is ServiceClass.OPPORTUNISTIC else None,
             gpu_model=pins.get(job.queue),
         )
         specs.append(JobSpec(job, gang, work, priority(job, trace.kind, seed)))

@@ -37,6 +37,7 @@ def setup(
     quotas: dict[str, int] | None = None,
     slots: int = 4,
     racks: int = 1,
+    cohorts: dict[str, str] | None = None,
 ) -> Callable[[], SimCluster]:
     def build() -> SimCluster:
         specs = [
@@ -51,7 +52,9 @@ def setup(
         ]
         quota = dict(quotas or {})
         cluster = Cluster(s.to_state() for s in specs)
-        return SimCluster(cluster, "test", quota, dict.fromkeys(quota, 1.0))
+        return SimCluster(
+            cluster, "test", quota, dict.fromkeys(quota, 1.0), cohorts=dict(cohorts or {})
+        )
 
     return build
 

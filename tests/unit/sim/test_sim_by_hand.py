@@ -51,6 +51,23 @@ def test_multi_queue_by_hand():
     }
 
 
+def test_backfill_with_predicted_and_with_true_run_times_by_hand():
+    # Nothing has finished yet, so every prediction is the one-hour default: A is expected
+    # to run until 3600, B reserves all 4 GPUs from then, and C (ending 3620) or D may not
+    # start before it. Backfill gains nothing: the FIFO answer.
+    sim = simulate(TRACE, setup(gpus=4), "fifo,backfill")
+    assert by_key(sim) == by_key(simulate(TRACE, setup(gpus=4), "fifo"))
+    # With true run times B's reservation starts at 100: C (20-50) and then D (50-60) end
+    # before it, and B still starts at 100.
+    sim = simulate(TRACE, setup(gpus=4), "fifo,backfill,oracle-runtimes")
+    assert by_key(sim) == {
+        "A": (0, 100, 0),
+        "B": (100, 150, 90),
+        "C": (20, 50, 0),
+        "D": (50, 60, 20),
+    }
+
+
 def test_sharing_with_the_coordinators_duty_by_hand():
     # One GPU. G (workload 0) runs 1000 s solo; O (workload 1, opportunistic) 300 s solo.
     # Beside each other at full duty G runs at 0.8 and O at 0.6 of solo speed (simkit.model).

@@ -204,6 +204,19 @@ def test_policy_names_combine_and_map_onto_the_core():
         parse_policy("lifo")
 
 
+def test_oracle_runtimes_gives_backfill_true_run_times_and_keeps_the_order():
+    policy = parse_policy("fifo,oracle-runtimes,backfill")
+    assert policy.name == "fifo,backfill,oracle-runtimes"
+    assert policy.exact_runtimes and policy.oracle_runtimes and not policy.oracle
+    assert policy.queue_policy({}, {}).ordering is parse_policy("fifo,backfill").ordering
+    assert not parse_policy("fifo,backfill").exact_runtimes
+    # sjf-oracle already sees true run times: the token adds nothing there.
+    assert parse_policy("sjf-oracle,oracle-runtimes") == parse_policy("sjf-oracle")
+    assert parse_policy("sjf-oracle").exact_runtimes
+    with pytest.raises(PolicyError, match="use sjf-oracle"):
+        parse_policy("qssf,backfill,oracle-runtimes")
+
+
 def test_gangs_split_into_workers_of_at_most_eight_gpus():
     assert [gang_shape(n) for n in (1, 4, 8, 12, 16, 24, 128)] == [
         (1, 1),

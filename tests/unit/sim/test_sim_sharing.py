@@ -126,10 +126,10 @@ def test_percentiles_and_fairness():
 
 def test_time_series_integrals_split_across_bins():
     series = TimeSeries(bin_seconds=10.0)
-    series.add(5.0, 25.0, (2.0, 0.0, 1.0, 1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0))
+    series.add(5.0, 25.0, (2.0, 0.0, 1.0, 1.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0))
     assert series.totals["util"] == 40.0
     assert series.averages("util", 1.0) == [1.0, 2.0, 1.0]
-    series.add(25.0, 25.0, (9.0,) * 10)  # an empty interval adds nothing
+    series.add(25.0, 25.0, (9.0,) * 11)  # an empty interval adds nothing
     assert series.totals["util"] == 40.0
 
 
