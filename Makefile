@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test protos lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo
+.PHONY: test protos lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo panels
 
 # The virtual environment is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -34,7 +34,8 @@ unit: $(STAMP) protos
 protos: $(STAMP)
 	bash scripts/gen-kubelet-api.sh $(BIN)/python
 
-# Kubernetes binaries from Go modules, cached by version outside the repo (cold: long; warm: instant).
+# Kubernetes binaries (and Prometheus, for the dashboards' test) from Go modules, cached by version
+# outside the repo (cold: long; warm: instant).
 k8s:
 	bash scripts/build-k8s.sh
 
@@ -51,6 +52,11 @@ test: protos lint typecheck contracts k8s node-deps
 # The newcomer's first command: local cluster, operator, sample jobs, status table until done.
 demo: $(STAMP) protos k8s
 	$(BIN)/gangshare demo
+
+# docs/img/queues-panel.png: panels of deploy/grafana/gangshare-queues.json drawn from a real
+# Prometheus over tests/e2e/test_prometheus.py's workload (borrowing, reclaim, a user error).
+panels: $(STAMP) protos k8s
+	GANGSHARE_RENDER_PANELS=1 $(BIN)/pytest -q tests/e2e/test_prometheus.py
 
 dev-up: $(STAMP) k8s
 	$(BIN)/gangshare dev up

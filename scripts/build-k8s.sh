@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes components (control plane, kubectl, kubelet; plus etcd,
-# kwok, helm) from Go modules, into a per-version cache folder OUTSIDE the repository.
+# Build the real Kubernetes components (control plane, kubectl, kubelet; plus etcd, kwok,
+# helm, Prometheus) from Go modules, into a per-version cache folder OUTSIDE the repository.
 #
 # Why this exists: gangshare's integration tests need a real kube-apiserver /
 # scheduler / controller-manager, but this project must never commit binaries,
@@ -34,11 +34,20 @@ set -euo pipefail
 # KWOK_VERSION: newest kwok release; its go.mod (`go 1.26.0`) is accepted by
 #   Go 1.26.x and it has no replace directives.
 # HELM_VERSION: newest v3 (v4 has a different CLI / module path).
+# PROMETHEUS_VERSION: newest the proxy serves.  Prometheus publishes its Go
+#   module as v0.3MM.P for release 3.MM.P (v0.316.0 is Prometheus 3.16.0; the
+#   module has no v3 path).  Its go.mod says `go 1.26.7` (accepted by Go 1.26.8)
+#   and has no replace directives.  Only tests/e2e/test_prometheus.py runs it,
+#   with static scrape targets, so it is built with `remove_all_sd` (no
+#   service discoveries, hence none of their cloud SDKs) and without
+#   `builtinassets` (the web UI's compiled assets are not in the module zip and
+#   need npm; only the HTTP API is used).
 # ---------------------------------------------------------------------------
 K8S_VERSION="v1.35.4"
 ETCD_VERSION="v3.6.16"
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
+PROMETHEUS_VERSION="v0.316.0"
 
 # Bump when the build recipe (ldflags, wrapper layout, ...) changes without a
 # version change: it is part of every stamp, so cached binaries get rebuilt.
@@ -48,9 +57,10 @@ K8S_MODULE="k8s.io/kubernetes"
 ETCD_MODULE="go.etcd.io/etcd/server/v3"
 KWOK_MODULE="sigs.k8s.io/kwok"
 HELM_MODULE="helm.sh/helm/v3"
+PROMETHEUS_MODULE="github.com/prometheus/prometheus"
 
 K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet)
-ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm)
+ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm prometheus)
 
 CACHE_ROOT="${GANGSHARE_CACHE:-$HOME/.cache/gangshare}"
 KEY_DIR="${CACHE_ROOT}/k8s/${K8S_VERSION}"
@@ -87,6 +97,7 @@ stamp_value() {
         etcd) mv="${ETCD_MODULE}@${ETCD_VERSION}" ;;
         kwok) mv="${KWOK_MODULE}@${KWOK_VERSION}" ;;
         helm) mv="${HELM_MODULE}@${HELM_VERSION}" ;;
+        prometheus) mv="${PROMETHEUS_MODULE}@${PROMETHEUS_VERSION}" ;;
         *) die "unknown binary $1" ;;
     esac
     echo "${mv} recipe=${RECIPE_REVISION}"
@@ -118,7 +129,7 @@ case "${1:-}" in
         exit 1
         ;;
     --latest)
-        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}"; do
+        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}" "${PROMETHEUS_MODULE}"; do
             printf '%s: %s\n' "$m" "$(go list -m -versions -f '{{range .Versions}}{{.}} {{end}}' "$m" | tr ' ' '\n' | grep . | tail -n 8 | tr '\n' ' ')"
         done
         exit 0
@@ -228,15 +239,15 @@ k8s_replace_lines() {
     done
 }
 
-# go_build <wrapper dir> <output name> <package> <ldflags>
+# go_build <wrapper dir> <output name> <package> <ldflags> [build tags]
 # Builds into a temp name and renames, so an interrupted build never leaves a
 # half-written file that a later run would mistake for a cached binary.
 go_build() {
-    local dir="$1" name="$2" pkg="$3" ldflags="$4"
+    local dir="$1" name="$2" pkg="$3" ldflags="$4" tags="${5:-}"
     local start tmp_out
     start=$(date +%s)
     tmp_out="${BIN_DIR}/.${name}.partial.$$"
-    (cd "${dir}" && go build -trimpath -ldflags "-s -w ${ldflags}" -o "${tmp_out}" "${pkg}") ||
+    (cd "${dir}" && go build -trimpath -tags "${tags}" -ldflags "-s -w ${ldflags}" -o "${tmp_out}" "${pkg}") ||
         { rm -f "${tmp_out}"; die "building ${name} (${pkg}) failed"; }
     mv -f "${tmp_out}" "${BIN_DIR}/${name}"
     stamp_value "${name}" >"${STAMP_DIR}/${name}"
@@ -352,10 +363,28 @@ build_helm() {
  -X ${p}/pkg/chartutil.k8sVersionMajor=${major} -X ${p}/pkg/chartutil.k8sVersionMinor=${minor}"
 }
 
+# --- Prometheus (only tests/e2e/test_prometheus.py runs it, against the dashboards)
+build_prometheus() {
+    if is_current prometheus; then log "$(printf '%-24s cached' prometheus)"; return 0; fi
+    local dir="${WORK_DIR}/prometheus" info build_date
+    write_wrapper "${dir}" "${PROMETHEUS_MODULE}" "${PROMETHEUS_VERSION}"
+    # Same variables as upstream's .promu.yml; without them `prometheus --version`
+    # and prometheus_build_info report nothing.  v0.3MM.P -> 3.MM.P.
+    info="$(mod_field "${PROMETHEUS_MODULE}@${PROMETHEUS_VERSION}" Info)"
+    build_date="$(sed -n 's/.*"Time": *"\([0-9]*\)-\([0-9]*\)-\([0-9]*\)T\([0-9:]*\).*/\1\2\3-\4/p' "${info}")"
+    local release="${PROMETHEUS_VERSION#v0.}" p="github.com/prometheus/common/version"
+    release="3.$(( 10#${release:1:2} )).${release#*.}"
+    go_build "${dir}" prometheus "${PROMETHEUS_MODULE}/cmd/prometheus" \
+        "-X ${p}.Version=${release} -X ${p}.Revision=module-${PROMETHEUS_VERSION} \
+ -X ${p}.Branch=HEAD -X ${p}.BuildUser=gangshare -X ${p}.BuildDate=${build_date}" \
+        "netgo remove_all_sd"
+}
+
 build_k8s
 build_etcd
 build_kwok
 build_helm
+build_prometheus
 
 # Record what this bin folder holds, for humans and for tests that want to
 # assert the versions they run against.
@@ -364,6 +393,7 @@ kubernetes ${K8S_VERSION}
 etcd ${ETCD_VERSION}
 kwok ${KWOK_VERSION}
 helm ${HELM_VERSION}
+prometheus ${PROMETHEUS_VERSION}
 go ${GO_VERSION}
 EOF
 

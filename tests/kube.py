@@ -163,6 +163,7 @@ class OperatorProcess(ChildProcess):
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.liveness_port = free_port()
+        self.metrics_port = free_port()
 
     def start(self) -> OperatorProcess:
         self.starts += 1
@@ -184,6 +185,12 @@ class OperatorProcess(ChildProcess):
             "0.5",
             "--backoff-base-seconds",
             "1",
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+            # Off unless a test turns it on (`--leader-elect` in extra; the last flag wins): each
+            # test runs one operator of its own, and one that was killed would otherwise hold
+            # the shared cluster's Lease for 15 s against the next.
+            "--no-leader-elect",
             *self.extra,
         ]
         self.proc = subprocess.Popen(

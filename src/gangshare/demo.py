@@ -143,6 +143,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 state.kubeconfig,
                 "--liveness",
                 f"http://127.0.0.1:{processes.free_port()}/healthz",
+                # Loopback and a free port: the default 0.0.0.0:8081 may be taken on a laptop.
+                "--metrics-address",
+                f"127.0.0.1:{processes.free_port()}",
                 "--cycle-interval",
                 "0.5",
             ],

@@ -284,9 +284,15 @@ def test_a_restarted_kubelet_gets_the_plugins_registered_again(
     kube: Kube, real_node: RealNode, agent: AgentProcess
 ):
     real_node.restart_kubelet()
+    # The Node keeps the old allocatable until the new kubelet reports: wait for the agent's
+    # second registration first, or a stale status would pass before anything re-registered.
+    eventually(
+        lambda: agent.logs().count(f"registered {GPU} with the kubelet") >= 2,
+        timeout=60,
+        what="the agent registered again with the restarted kubelet",
+    )
     eventually(
         lambda: allocatable(kube, real_node) == {GPU: "4", SHARE: "16"},
         timeout=60,
         what="GPUs allocatable after the kubelet restarted",
     )
-    assert agent.logs().count(f"registered {GPU} with the kubelet") >= 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import ssl
 import subprocess
@@ -136,6 +137,8 @@ def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
         ("operator.ordering=Fifo", "/operator/ordering"),
         ("operator.quotas.research=-1", "/operator/quotas/research"),
         ("operator.fairshare=true", "fairshare"),
+        ("operator.replicas=0", "/operator/replicas"),
+        ("operator.leaderElection.leaseName=Not_A_Name", "/operator/leaderElection/leaseName"),
     ]:
         done = helm("template", "x", str(CHART), "--set", setting, check=False)
         assert done.returncode != 0 and key in done.stderr, (setting, done.stderr)
@@ -174,6 +177,28 @@ def test_the_crd_is_the_repository_file_through_a_symlink(helm: Helm, tmp_path: 
         packed = tar.extractfile(member)
         assert member.isfile() and packed is not None
         assert packed.read() == source.read_bytes()
+
+
+def test_dashboards_render_as_labelled_configmaps_of_the_repository_files(helm: Helm):
+    grafana = ROOT / "deploy" / "grafana"
+    rendered = {
+        name[1]: doc
+        for name, doc in helm.render(
+            "--set", "dashboards.annotations.grafana_folder=gangshare"
+        ).items()
+        if name[0] == "ConfigMap" and "-dashboard-" in name[1]
+    }
+    files = sorted(grafana.glob("*.json"))
+    assert sorted(rendered) == [
+        f"gangshare-dashboard-{path.stem.removeprefix('gangshare-')}" for path in files
+    ]
+    for path in files:
+        config_map = rendered[f"gangshare-dashboard-{path.stem.removeprefix('gangshare-')}"]
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "gangshare"}
+        assert json.loads(config_map["data"][path.name]) == json.loads(path.read_text())
+    off = helm.render("--set", "dashboards.enabled=false")
+    assert not [name for name in off if "-dashboard-" in name[1]]
 
 
 def test_queues_render_the_default_and_the_extra_ones(helm: Helm, tmp_path: Path):
@@ -307,6 +332,10 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
     assert args == [
         "operator",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-address=0.0.0.0:8081",
+        "--leader-elect",
+        "--lease-name=gangshare-operator",
+        "--lease-namespace=gangshare-system",
         "--scheduler-name=gangshare-scheduler",
         "--ordering=ShortestFirst",
         "--cycle-interval=0.5",
@@ -344,18 +373,40 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         [],
         "http://0.0.0.0:8080/healthz",
     )
+    assert (parsed.metrics_address, parsed.leader_elect) == ("0.0.0.0:8081", True)
+    assert (parsed.lease_name, parsed.lease_namespace) == ("gangshare-operator", "gangshare-system")
     extender = containers(defaults[("Deployment", "gangshare-scheduler")])["extender"]
     parsed = cli_parser().parse_args(extender["args"])
     assert (parsed.host, parsed.port, parsed.metrics_port) == ("127.0.0.1", 8888, 8889)
 
 
-def test_pods_are_locked_down_and_the_operator_is_a_singleton(helm: Helm):
+def test_pods_are_locked_down_and_the_operator_replicas_elect_a_leader(helm: Helm):
     manifests = helm.render("--set", "image.repository=registry.example/gangshare")
     operator = manifests[("Deployment", "gangshare-operator")]
-    assert operator["spec"]["replicas"] == 1
-    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas, one acting: a rolling update may overlap them, the Lease decides.
+    assert operator["spec"]["replicas"] == 2
+    assert operator["spec"]["strategy"] == {"type": "RollingUpdate"}
+    assert "--leader-elect" in containers(operator)["operator"]["args"]
+    assert ("Role", "gangshare-operator-leader-election") in manifests
     probe = containers(operator)["operator"]["livenessProbe"]["httpGet"]
     assert (probe["path"], probe["port"]) == ("/healthz", "healthz")
+    assert containers(operator)["operator"]["ports"] == [
+        {"name": "healthz", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},
+    ]
+    # Without leader election: one replica, never two at once, and no Lease Role.
+    single = helm.render(
+        "--set", "operator.leaderElection.enabled=false", "--set", "operator.replicas=1"
+    )
+    alone = single[("Deployment", "gangshare-operator")]
+    assert (alone["spec"]["replicas"], alone["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    assert "--no-leader-elect" in containers(alone)["operator"]["args"]
+    assert ("Role", "gangshare-operator-leader-election") not in single
+    refused = helm(
+        *("template", "x", str(CHART), "--set", "operator.leaderElection.enabled=false"),
+        check=False,
+    )
+    assert refused.returncode != 0 and "operator.leaderElection.enabled" in refused.stderr
     for name in ("gangshare-operator", "gangshare-scheduler"):
         pod = manifests[("Deployment", name)]["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -466,7 +517,7 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     apps = client.AppsV1Api(kube.api_client)
     rbac = client.RbacAuthorizationV1Api(kube.api_client)
     operator = apps.read_namespaced_deployment(f"{name}-operator", ns)
-    assert operator.spec.replicas == 1
+    assert operator.spec.replicas == 2
     scheduler = apps.read_namespaced_deployment(f"{name}-scheduler", ns)
     # The API server kept the extender as a native sidecar beside kube-scheduler.
     [sidecar] = scheduler.spec.template.spec.init_containers
@@ -484,8 +535,9 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     }
     for binding, role in bindings.items():
         assert rbac.read_cluster_role_binding(binding).role_ref.name == role
-    rbac.read_namespaced_role(f"{name}-scheduler-leader-election", ns)
-    rbac.read_namespaced_role_binding(f"{name}-scheduler-leader-election", ns)
+    for who in ("scheduler", "operator"):
+        rbac.read_namespaced_role(f"{name}-{who}-leader-election", ns)
+        rbac.read_namespaced_role_binding(f"{name}-{who}-leader-election", ns)
     reader = rbac.read_namespaced_role_binding(f"{name}-{ns}-scheduler-auth-reader", "kube-system")
     assert reader.role_ref.name == "extension-apiserver-authentication-reader"
     service = kube.core.read_namespaced_service(f"{name}-extender", ns)
@@ -495,7 +547,11 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     assert yaml.safe_load(config.data["scheduler-config.yaml"])["profiles"] == [
         {"schedulerName": release.scheduler_name}
     ]
-    for obj in (operator, scheduler, service, config):
+    # What the Grafana sidecar looks for (the content is checked when rendering).
+    dashboard = kube.core.read_namespaced_config_map(f"{name}-dashboard-overview", ns)
+    assert dashboard.metadata.labels["grafana_dashboard"] == "1"
+    assert list(dashboard.data) == ["gangshare-overview.json"]
+    for obj in (operator, scheduler, service, config, dashboard):
         assert obj.metadata.labels["app.kubernetes.io/instance"] == name
         assert obj.metadata.labels["app.kubernetes.io/managed-by"] == "Helm"
 
@@ -574,6 +630,12 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("operator", "create", "events.events.k8s.io", "", "*", True),
     ("operator", "list", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
     ("operator", "watch", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
+    # operator: its leader Lease (src/gangshare/operator/leader.py), in the release namespace only
+    ("operator", "create", "leases.coordination.k8s.io", "", "release", True),
+    ("operator", "get", "leases.coordination.k8s.io/gangshare-operator", "", "release", True),
+    ("operator", "update", "leases.coordination.k8s.io/gangshare-operator", "", "release", True),
+    ("operator", "update", "leases.coordination.k8s.io/gangshare-scheduler", "", "release", False),
+    ("operator", "update", "leases.coordination.k8s.io/gangshare-operator", "", "default", False),
     ("operator", "update", "trainingjobs.gangshare.io", "", "*", False),
     # Queues are the cluster admin's: the operator writes only their status (and `default`).
     ("operator", "patch", "queues.gangshare.io", "", "", False),
@@ -747,8 +809,8 @@ def test_components_run_under_their_service_accounts(
     config = scheduler_config(release.manifests, name)
     scheduler_kubeconfig = sa_kubeconfig(kube, release, "scheduler", tmp_path)
     operator_kubeconfig = sa_kubeconfig(kube, release, "operator", tmp_path)
-    extender_port, metrics_port, scheduler_port, liveness_port = (
-        processes.free_port() for _ in range(4)
+    extender_port, metrics_port, scheduler_port, liveness_port, operator_metrics_port = (
+        processes.free_port() for _ in range(5)
     )
     # The chart's configuration; only what differs outside a pod is rewritten.
     config["clientConnection"]["kubeconfig"] = str(scheduler_kubeconfig)
@@ -774,6 +836,7 @@ def test_components_run_under_their_service_accounts(
     operator_args = with_flags(
         operator_args,
         liveness=f"http://127.0.0.1:{liveness_port}/healthz",
+        metrics_address=f"127.0.0.1:{operator_metrics_port}",
         kubeconfig=str(operator_kubeconfig),
     )
     python = [sys.executable, "-m", "gangshare.cli"]
@@ -800,7 +863,36 @@ def test_components_run_under_their_service_accounts(
             ),
             what=f"kube-scheduler holds the Lease {lease} in the release namespace",
         )
+        # The operator elects itself on the chart's Lease, under the chart's Role.
+        eventually(
+            lambda: (
+                coordination.read_namespaced_lease(
+                    "gangshare-operator", release.namespace
+                ).spec.holder_identity
+            ),
+            what="the operator holds the Lease gangshare-operator in the release namespace",
+        )
         run_a_gang_and_a_gpu_pod(kube, release, namespace)
+        # The operator's /metrics: the job in the pass's snapshot (once a pass has seen it
+        # finished; other tests' jobs may be counted too) and its admission. (Not its start:
+        # a 1 s worker may finish before any reconcile sees the gang Running.)
+        succeeded = (
+            'gangshare_trainingjobs{phase="Succeeded",queue="default",service_class="Guaranteed"}'
+        )
+
+        def scrape() -> str | None:
+            url = f"http://127.0.0.1:{operator_metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text: str = response.read().decode()
+            return text if succeeded in text and f"{succeeded} 0.0" not in text else None
+
+        text = eventually(scrape, what="the finished job in the operator's metrics")
+        for series in (
+            "gangshare_operator_leader 1.0",
+            'gangshare_admissions_total{borrowed="false",queue="default",'
+            'service_class="Guaranteed"} 1.0',
+        ):
+            assert series in text, text
     finally:
         survivors = processes.stop(started)
         # Without grace: the namespace fixture then need not wait out 30 s per pod.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -18,8 +18,14 @@ log = logging.getLogger("gangshare.operator")
 
 
 def build_registry(
-    reconciler: Reconciler, loop: SchedulerLoop, stall_seconds: float = 120.0
+    reconciler: Reconciler,
+    loop: SchedulerLoop,
+    stall_seconds: float = 120.0,
+    leading: Callable[[], bool] = lambda: True,
 ) -> kopf.OperatorRegistry:
+    """`leading`: whether this replica holds the leader Lease. A standby's watches keep running
+    (a new leader needs no warm-up: its first pass resyncs every job), but its handlers act on
+    nothing."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -55,12 +61,16 @@ def build_registry(
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+        if not leading():
+            return
         if type != "DELETED" and namespace:
             reconcile_quietly(namespace, name)
         loop.poke()
 
     @kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
     def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        if not leading():
+            return
         if namespace:
             reconcile_quietly(namespace, labels[JOB_LABEL])
         loop.poke()
@@ -68,11 +78,12 @@ def build_registry(
     @kopf.on.event(GROUP, VERSION, QUEUE_PLURAL, registry=registry)
     def queue_event(**_: Any) -> None:
         # Quotas, cohorts and accepted sizes changed: inadmissible jobs are judged again.
-        loop.poke()
+        if leading():
+            loop.poke()
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     def node_event(type: str, **_: Any) -> None:
-        if type in ("ADDED", "DELETED"):
+        if type in ("ADDED", "DELETED") and leading():
             loop.poke()
 
     return registry

@@ -36,6 +36,8 @@ class Invalid(Exception):
 # (connect, read) seconds for every API call that does not set its own: a hung API server
 # must turn into an error the caller retries, never a thread that waits forever.
 DEFAULT_TIMEOUT = (5.0, 60.0)
+# Lease calls must end well within the renew deadline (operator/leader.py).
+LEASE_TIMEOUT = (2.0, 3.0)
 
 
 class TimeoutApiClient(client.ApiClient):
@@ -66,6 +68,7 @@ class KubeApi:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.events = client.EventsV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
     # ----- reads ------------------------------------------------------------------
@@ -151,6 +154,43 @@ class KubeApi:
                 return None
             raise
         return job
+
+    # ----- the leader Lease (operator/leader.py) ------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> client.V1Lease | None:
+        try:
+            return self.coordination.read_namespaced_lease(
+                name, namespace, _request_timeout=LEASE_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, lease: client.V1Lease) -> bool:
+        """Create the Lease; False when another replica created it first."""
+        try:
+            self.coordination.create_namespaced_lease(
+                namespace, lease, _request_timeout=LEASE_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def replace_lease(self, namespace: str, name: str, lease: client.V1Lease) -> bool:
+        """Replace the Lease if it is still at the resourceVersion read; False: someone else
+        wrote it meanwhile (lost the race)."""
+        try:
+            self.coordination.replace_namespaced_lease(
+                name, namespace, lease, _request_timeout=LEASE_TIMEOUT
+            )
+        except ApiException as err:
+            if err.status in (404, 409):
+                return False
+            raise
+        return True
 
     # ----- writes ------------------------------------------------------------------
 

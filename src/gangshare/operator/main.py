@@ -6,10 +6,13 @@ import argparse
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from gangshare.core.clock import WallClock
 from gangshare.core.queueing import Ordering, QueuePolicy
+
+log = logging.getLogger("gangshare.operator")
 
 
 def add_operator_command(commands: Any) -> None:
@@ -92,6 +95,24 @@ def add_operator_command(commands: Any) -> None:
         default=10.0,
         help="first gang-restart delay; doubles per restart up to 10 minutes",
     )
+    op.add_argument(
+        "--metrics-address",
+        default=env("GANGSHARE_METRICS_ADDRESS", "0.0.0.0:8081"),
+        help="HOST:PORT of Prometheus /metrics (gangshare_* series); empty: no metrics server",
+    )
+    op.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="act only while holding the leader Lease, so several replicas may run (one acts); "
+        "--no-leader-elect for a single process that must act at once",
+    )
+    op.add_argument("--lease-name", default="gangshare-operator", help="the leader Lease's name")
+    op.add_argument(
+        "--lease-namespace",
+        default=env("POD_NAMESPACE", "default"),
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, else default)",
+    )
     op.add_argument("--verbose", action="store_true")
     op.set_defaults(run=run_operator)
 
@@ -126,7 +147,9 @@ def run_operator(args: argparse.Namespace) -> int:
 
     from gangshare.operator.handlers import build_registry
     from gangshare.operator.kubeapi import KubeApi, connect
+    from gangshare.operator.leader import LeaderElector
     from gangshare.operator.lifecycle import Limits
+    from gangshare.operator.metrics import OperatorMetrics, serve
     from gangshare.operator.reconcile import OperatorOptions, Reconciler
     from gangshare.operator.scheduler import SchedulerLoop
 
@@ -152,13 +175,37 @@ def run_operator(args: argparse.Namespace) -> int:
         backoff_base_seconds=args.backoff_base_seconds,
         limits=Limits(args.start_timeout, args.stuck_pod_seconds, args.image_pull_grace),
     )
-    reconciler = Reconciler(api, clock, options)
-    loop = SchedulerLoop(api, reconciler, policy, clock, args.cycle_interval)
+    metrics = OperatorMetrics()
+    try:
+        serve(metrics, args.metrics_address)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: --metrics-address {args.metrics_address!r}: {err}") from None
+    elector = None
+    leading: Callable[[], bool] = always
+    if args.leader_elect:
+        elector = LeaderElector(
+            api, args.lease_namespace, args.lease_name, api.instance, on_lost=exit_on_lost
+        )
+        leading = elector.is_leader
+        log.info(
+            "leader election on Lease %s/%s as %s",
+            args.lease_namespace,
+            args.lease_name,
+            api.instance,
+        )
+    metrics.leader.set_function(lambda: float(leading()))
+    reconciler = Reconciler(api, clock, options, metrics)
+    loop = SchedulerLoop(
+        api, reconciler, policy, clock, args.cycle_interval, metrics=metrics, leading=leading
+    )
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
     thread.start()
+    if elector is not None:
+        elector.on_elected = loop.poke  # the first pass as leader starts at once
+        threading.Thread(target=elector.run, name="gangshare-leader", daemon=True).start()
     try:
         kopf.run(
-            registry=build_registry(reconciler, loop, args.stall_seconds),
+            registry=build_registry(reconciler, loop, args.stall_seconds, leading),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=args.liveness,
@@ -166,4 +213,20 @@ def run_operator(args: argparse.Namespace) -> int:
     finally:
         loop.stop()
         thread.join(timeout=10)
+        if elector is not None:
+            elector.stop()
+            elector.release()  # after the loop stopped: nothing acts once a standby may
     return 0
+
+
+def always() -> bool:
+    """Without leader election this process always acts."""
+    return True
+
+
+def exit_on_lost(why: str) -> None:
+    """A replica that lost the Lease exits at once, with status 1: whatever it was doing may
+    now be done by the new leader, and a restart comes back as a plain standby."""
+    log.critical("leadership lost (%s): exiting so that only the new leader acts", why)
+    logging.shutdown()
+    os._exit(1)

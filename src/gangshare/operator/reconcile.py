@@ -22,6 +22,7 @@ from gangshare.operator.actions import Actions, Displacement, Observation
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
 from gangshare.operator.lifecycle import Limits, detect_actions
+from gangshare.operator.metrics import OperatorMetrics
 
 log = logging.getLogger("gangshare.operator")
 MAX_PASSES = 4
@@ -45,10 +46,17 @@ class Refused(Exception):
 
 
 class Reconciler:
-    def __init__(self, api: KubeApi, clock: Clock, options: OperatorOptions) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        clock: Clock,
+        options: OperatorOptions,
+        metrics: OperatorMetrics | None = None,
+    ) -> None:
         self.api = api
         self.clock = clock
         self.options = options
+        self.metrics = metrics or OperatorMetrics()
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         # job key -> when it asked to be looked at again (time-driven steps no event announces)
         self._wake_at: dict[str, float] = {}
@@ -116,6 +124,9 @@ class Reconciler:
             self.api.lift_gate(namespace, pod_name)
         if actions.status:
             self.api.patch_job_status(job, actions.status)
+            # Counted at the commit: a Conflict above counts nothing, and once the status is
+            # written the next reconcile will not decide (or count) the same step again.
+            self.metrics.applied(job, actions)
         for pod_name in actions.delete_pods:
             self.api.delete_pod(namespace, pod_name)
         for pod_name in actions.force_delete_pods:

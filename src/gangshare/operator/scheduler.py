@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
 from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.kubeapi import Conflict, KubeApi
+from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.queue_status import changed_fields, queue_statuses
 from gangshare.operator.reconcile import Reconciler
 
@@ -50,12 +52,17 @@ class SchedulerLoop:
         policy: QueuePolicy,
         clock: Clock,
         interval: float = 1.0,
+        metrics: OperatorMetrics | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
         self.reconciler = reconciler
         self.policy = policy
         self.clock = clock
         self.interval = interval
+        self.metrics = metrics or OperatorMetrics()
+        # Whether this replica holds the leader Lease (operator/leader.py); a standby waits.
+        self.leading = leading
         self.estimator = RuntimeEstimator(policy.default_runtime_seconds)
         # Queue objects as last read (None: the Queue CRD is not installed) and their statuses.
         self._queue_objects: dict[str, dict[str, Any]] | None = None
@@ -77,10 +84,12 @@ class SchedulerLoop:
 
     def run_forever(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:  # one bad pass must not stop scheduling; the next pass starts fresh
-                log.exception("scheduling pass failed; retrying")
+            if self.leading():
+                try:
+                    self.run_once()
+                except Exception:  # one bad pass must not stop scheduling; the next starts fresh
+                    log.exception("scheduling pass failed; retrying")
+            # A standby's loop beats too: liveness is about a stuck loop, not about leading.
             self.last_pass_end = time.monotonic()
             self._wake.wait(self.interval)
             self._wake.clear()
@@ -97,6 +106,7 @@ class SchedulerLoop:
     def run_once(self) -> CycleReport:
         started = time.perf_counter()
         jobs = [j for j in self.api.list_jobs() if not j["metadata"].get("deletionTimestamp")]
+        self.metrics.set_trainingjobs(jobs)
         snapshot = build_snapshot(
             self.api.list_nodes(),
             self.api.list_live_pods(),
@@ -114,7 +124,9 @@ class SchedulerLoop:
         self._learn_run_times(jobs)
         by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
         pending = [q for q in (self._queued(j, policy) for j in jobs) if q is not None]
+        deciding = time.perf_counter()
         result = schedule_cycle(snapshot.cluster, pending, snapshot.running, policy, now)
+        self.metrics.decision.observe(time.perf_counter() - deciding)
         report = CycleReport(pending=len(result.pending), warnings=snapshot.warnings)
         for admission in result.admitted:
             if self._admit(by_key[admission.job.key], admission, now):
@@ -129,6 +141,7 @@ class SchedulerLoop:
             self._reconcile_quietly(namespace, name)
         self._release_displaced(snapshot.displaced, by_key)
         self._resync(jobs, now)
+        self.metrics.cycle.observe(time.perf_counter() - started)
         return report
 
     # ----- queues --------------------------------------------------------------------
@@ -159,8 +172,10 @@ class SchedulerLoop:
         self, policy: QueuePolicy, running: list[RunningJob], result: CycleResult
     ) -> None:
         if self._queue_objects is None:
+            self.metrics.set_queues({}, {})
             return
         statuses = queue_statuses(policy.queues, policy, running, result)
+        self.metrics.set_queues(statuses, policy.queues)
         for name, wanted in statuses.items():
             obj = self._queue_objects.get(name) or {}
             wanted["observedGeneration"] = int((obj.get("metadata") or {}).get("generation", 0))
@@ -240,10 +255,11 @@ class SchedulerLoop:
                 f"{len(plan.placements)} worker(s) on {nodes}{relaxed}"
             )
         queued_at = parse_time(status.get("queuedAt")) or now
+        wait = round(max(0.0, now - queued_at), 3)
         patch = {
             "phase": "Admitted",
             "admittedAt": iso(now),
-            "queueWaitSeconds": round(max(0.0, now - queued_at), 3),
+            "queueWaitSeconds": wait,
             # The run time backfill assumed at admission; running jobs' expected ends use it too.
             "predictedRuntimeSeconds": admission.job.runtime_estimate,
             "serviceClass": admission.service_class.value,
@@ -262,10 +278,15 @@ class SchedulerLoop:
                 gen,
             ),
         }
+        if not self.leading():
+            return False  # the Lease was lost during this pass: the new leader decides
         try:
             self.api.patch_job_status(job, patch)
         except Conflict:
             return False  # the job changed under us; the next pass plans it again
+        self.metrics.admitted(
+            admission.job.queue, admission.service_class.value, admission.borrowed, wait
+        )
         reason = "AdmittedBorrowing" if admission.borrowed else "Admitted"
         self.api.post_event(job, "Normal", reason, message, action="Schedule")
         log.info("%s %s", admission.job.key, message)

@@ -1,0 +1,277 @@
+"""Prometheus metrics of the operator (label values are documented in each help text).
+
+What a pass sees (jobs by phase, queue usage) is a snapshot swapped in whole each pass, so a
+scrape never sees a half-updated set and a phase or queue that emptied does not linger. What
+happened (admissions, requeues, failures) is counted where it is committed: the admission's
+status write in the scheduling loop, the status write of applied Actions in the reconciler.
+Only the leader runs passes and reconciles, so only the leader's series move; a standby
+reports `gangshare_operator_leader 0` and no snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gangshare.core.queues import QueueSpec
+from gangshare.kube.snapshot import parse_time
+from gangshare.operator.actions import Actions
+
+# Every phase a TrainingJob's status can have; New: no status yet (the operator has not seen it).
+PHASES = ("New", "Queued", "Admitted", "Running", "Restarting", "Succeeded", "Failed")
+# Event reasons of the releases that put a gang back in its queue (operator/requeue.py).
+REQUEUE_REASONS = ("GangDisplaced", "GangStartTimeout", "Preempted", "OpportunisticEvicted")
+# Event reasons handle_failure posts: a restart after a failure, or the job's end.
+FAILURE_REASONS = ("GangRestarting", "Failed")
+
+TrainingJobKey = tuple[str, str, str]  # (phase, service_class, queue)
+
+
+def trainingjob_counts(jobs: Iterable[Mapping[str, Any]]) -> dict[TrainingJobKey, int]:
+    """TrainingJobs by (phase, service class, queue); every phase, 0 included, for each class
+    and queue that has a job, so a count that drops to 0 reads 0 instead of vanishing."""
+    counts: dict[TrainingJobKey, int] = {}
+    for job in jobs:
+        spec, status = job.get("spec") or {}, job.get("status") or {}
+        # As kube.claims.admitted_class: the class admission decided, else what the spec asks.
+        service_class = str(status.get("serviceClass") or spec.get("serviceClass", "Guaranteed"))
+        queue = str(spec.get("queue", "default"))
+        for phase in PHASES:
+            counts.setdefault((phase, service_class, queue), 0)
+        phase = str(status.get("phase") or "New")
+        counts[(phase, service_class, queue)] = counts.get((phase, service_class, queue), 0) + 1
+    return counts
+
+
+# Queue gauge name -> the Queue status field it reports.
+QUEUE_FIELDS = {
+    "gangshare_queue_pending_jobs": "pendingJobs",
+    "gangshare_queue_admitted_jobs": "admittedJobs",
+    "gangshare_queue_guaranteed_gpus": "guaranteedGPUs",
+    "gangshare_queue_borrowed_gpus": "borrowedGPUs",
+}
+QUEUE_HELP = {
+    "gangshare_queue_pending_jobs": "TrainingJobs waiting in the queue (phase Queued, not "
+    "backing off) after the last scheduling pass; label queue: the Queue's name.",
+    "gangshare_queue_admitted_jobs": "TrainingJobs of the queue holding GPUs (admitted or "
+    "running) after the last scheduling pass; label queue: the Queue's name.",
+    "gangshare_queue_nominal_gpus": "The queue's guaranteed quota (spec.nominalGPUs); no "
+    "series for a queue without quota; label queue: the Queue's name.",
+    "gangshare_queue_guaranteed_gpus": "GPUs the queue's Guaranteed jobs hold within its quota "
+    "after the last scheduling pass; label queue: the Queue's name.",
+    "gangshare_queue_borrowed_gpus": "GPUs the queue's jobs hold on quota borrowed from its "
+    "cohort after the last scheduling pass; label queue: the Queue's name.",
+}
+
+
+def queue_samples(
+    statuses: Mapping[str, Mapping[str, Any]], specs: Mapping[str, QueueSpec]
+) -> dict[str, dict[str, float]]:
+    """Queue gauge name -> {queue: value}, from the pass's Queue statuses (queue_status.py)."""
+    samples: dict[str, dict[str, float]] = {name: {} for name in QUEUE_HELP}
+    for queue, status in statuses.items():
+        for metric, field in QUEUE_FIELDS.items():
+            samples[metric][queue] = float(status.get(field) or 0)
+        spec = specs.get(queue)
+        if spec is not None and spec.nominal_gpus is not None:
+            samples["gangshare_queue_nominal_gpus"][queue] = float(spec.nominal_gpus)
+    return samples
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one set of applied Actions counts."""
+
+    requeues: tuple[str, ...] = ()
+    # The queue of a gang evicted because its cohort's lenders reclaimed their quota.
+    preempted_queue: str | None = None
+    # User or Infrastructure (core.failures.FailureClass) when a gang failed.
+    failure_class: str | None = None
+    # Admission -> every worker running, when the job just moved to Running.
+    start_seconds: float | None = None
+
+
+def outcome_of(job: Mapping[str, Any], actions: Actions) -> Outcome:
+    reasons = [event.reason for event in actions.events]
+    status = job.get("status") or {}
+    failure = actions.status.get("lastFailure") or {}
+    failure_class = None
+    if any(r in FAILURE_REASONS for r in reasons) and failure.get("class"):
+        failure_class = str(failure["class"])
+    start_seconds = None
+    if actions.status.get("phase") == "Running":
+        admitted = parse_time(status.get("admittedAt"))
+        started = parse_time(actions.status.get("startedAt"))
+        if admitted is not None and started is not None:
+            start_seconds = max(0.0, started - admitted)
+    preempted = "Preempted" in reasons
+    return Outcome(
+        requeues=tuple(r for r in reasons if r in REQUEUE_REASONS),
+        preempted_queue=str((job.get("spec") or {}).get("queue", "default")) if preempted else None,
+        failure_class=failure_class,
+        start_seconds=start_seconds,
+    )
+
+
+class _Snapshot(Collector):
+    """Gauge families rebuilt each pass and swapped in at once (no clear-then-set gap)."""
+
+    def __init__(self, families: Callable[[], list[Metric]]) -> None:
+        self._empty = families
+        self._families: list[Metric] = []
+        self._lock = threading.Lock()
+
+    def replace(self, families: list[Metric]) -> None:
+        with self._lock:
+            self._families = families
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._empty())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            return iter(list(self._families))
+
+
+TRAININGJOBS_HELP = (
+    "TrainingJobs present (not being deleted) after the last scheduling pass, by phase (New: "
+    "not seen by the operator yet, Queued, Admitted, Running, Restarting, Succeeded, Failed), "
+    "service_class (Guaranteed or Opportunistic: the class admission decided, else the spec's) "
+    "and queue (spec.queue). Every phase is reported, 0 included, for each class and queue "
+    "that has a job."
+)
+SECONDS_TO_A_DAY = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self._jobs = _Snapshot(lambda: [GaugeMetricFamily("gangshare_trainingjobs", "")])
+        self._queues = _Snapshot(lambda: [GaugeMetricFamily(n, "") for n in QUEUE_HELP])
+        r.register(self._jobs)
+        r.register(self._queues)
+        self.leader = Gauge(
+            "gangshare_operator_leader",
+            "1 while this operator process holds the leader Lease (or runs without leader "
+            "election) and acts; 0 on a standby, whose other series do not move.",
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gangshare_queue_wait_seconds",
+            "Time from queuedAt to admission (status.queueWaitSeconds), observed once per "
+            "admission; label queue: spec.queue.",
+            ["queue"],
+            buckets=SECONDS_TO_A_DAY,
+            registry=r,
+        )
+        self.cycle = Histogram(
+            "gangshare_scheduling_cycle_duration_seconds",
+            "One scheduling pass: listing, snapshot, decision, admission and status writes, and "
+            "the reconciles it triggers.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.decision = Histogram(
+            "gangshare_admission_decision_seconds",
+            "The scheduling decision alone (core schedule_cycle) within one pass.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.admissions = Counter(
+            "gangshare_admissions_total",
+            "Gangs admitted, by queue (spec.queue), service_class (the class admitted as: "
+            "Guaranteed, or Opportunistic, which borrowing always is) and borrowed (true: on "
+            "quota borrowed from the cohort; false).",
+            ["queue", "service_class", "borrowed"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "gangshare_preemptions_total",
+            "Running gangs evicted whole by the scheduler, by queue (the victim's spec.queue) "
+            "and reason (Reclaimed: its cohort's lenders took their quota back).",
+            ["queue", "reason"],
+            registry=r,
+        )
+        self.requeues = Counter(
+            "gangshare_requeues_total",
+            "Gangs whose GPUs were released and that went back to their queue, keeping their "
+            "place, by reason (the event's: GangDisplaced: the plan broke before it started; "
+            "GangStartTimeout: workers not all bound in time; Preempted: reclaimed by lenders; "
+            "OpportunisticEvicted: the node's coordinator evicted a worker).",
+            ["reason"],
+            registry=r,
+        )
+        self.gang_failures = Counter(
+            "gangshare_gang_failures_total",
+            "Gang failures (a restart or the job's end), by failure_class (User: the job's own "
+            "error; Infrastructure: eviction, node loss, signals, late exits), as in "
+            "status.lastFailure.class.",
+            ["failure_class"],
+            registry=r,
+        )
+        self.gang_start = Histogram(
+            "gangshare_gang_start_seconds",
+            "Time from admission (admittedAt) to every worker running, observed when a job "
+            "moves to Running.",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+
+    def set_trainingjobs(self, jobs: Iterable[Mapping[str, Any]]) -> None:
+        family = GaugeMetricFamily(
+            "gangshare_trainingjobs", TRAININGJOBS_HELP, labels=["phase", "service_class", "queue"]
+        )
+        for key, count in sorted(trainingjob_counts(jobs).items()):
+            family.add_metric(list(key), count)
+        self._jobs.replace([family])
+
+    def set_queues(
+        self, statuses: Mapping[str, Mapping[str, Any]], specs: Mapping[str, QueueSpec]
+    ) -> None:
+        families: list[Metric] = []
+        for name, values in queue_samples(statuses, specs).items():
+            family = GaugeMetricFamily(name, QUEUE_HELP[name], labels=["queue"])
+            for queue, value in sorted(values.items()):
+                family.add_metric([queue], value)
+            families.append(family)
+        self._queues.replace(families)
+
+    def admitted(self, queue: str, service_class: str, borrowed: bool, wait: float) -> None:
+        self.admissions.labels(queue, service_class, "true" if borrowed else "false").inc()
+        self.queue_wait.labels(queue).observe(wait)
+
+    def applied(self, job: Mapping[str, Any], actions: Actions) -> None:
+        """Count what a reconcile just committed (its status write succeeded)."""
+        outcome = outcome_of(job, actions)
+        for reason in outcome.requeues:
+            self.requeues.labels(reason).inc()
+        if outcome.preempted_queue is not None:
+            self.preemptions.labels(outcome.preempted_queue, "Reclaimed").inc()
+        if outcome.failure_class is not None:
+            self.gang_failures.labels(outcome.failure_class).inc()
+        if outcome.start_seconds is not None:
+            self.gang_start.observe(outcome.start_seconds)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`host:port` (`[::]:8081` for IPv6) -> (host, port)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{address!r}: expected HOST:PORT, e.g. 0.0.0.0:8081")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(metrics: OperatorMetrics, address: str) -> Any:
+    """Serve /metrics on `address` in a daemon thread; the server (None when address is "")."""
+    if not address:
+        return None
+    host, port = parse_address(address)
+    server, _ = start_http_server(port, host, registry=metrics.registry)
+    return server
