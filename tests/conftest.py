@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gangshare.dev.realnode import RealNode
-from kube import Kube, new_namespace, start_session_cluster
+from kube import Kube, NodePool, new_namespace, start_session_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,3 +67,31 @@ def crd(kube: Kube) -> Kube:
         capture_output=True,
     )
     return kube
+
+
+@pytest.fixture
+def pool(crd: Kube, namespace: str) -> Iterator[NodePool]:
+    """GPU nodes of the test's own (modules may define a `pool` of their own instead)."""
+    created = NodePool(crd, namespace)
+    yield created
+    created.cleanup()
+
+
+@pytest.fixture
+def queues(crd: Kube) -> Iterator[Callable[..., str]]:
+    """Creates cluster-scoped Queues with names unique to the test; deletes them after."""
+    suffix = uuid.uuid4().hex[:5]
+    made: list[str] = []
+
+    def make(name: str, **spec: Any) -> str:
+        full = f"{name}-{suffix}"
+        body = {"apiVersion": "gangshare.io/v1alpha1", "kind": "Queue", "metadata": {"name": full}}
+        crd.custom.create_cluster_custom_object(
+            "gangshare.io", "v1alpha1", "queues", {**body, "spec": spec}
+        )
+        made.append(full)
+        return full
+
+    yield make
+    for name in made:
+        crd.custom.delete_cluster_custom_object("gangshare.io", "v1alpha1", "queues", name)

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,31 +83,6 @@ class FakeAgentProcess(ChildProcess):
     def logs(self) -> str:
         path = self.workdir / "agent.log"
         return path.read_text(errors="replace") if path.exists() else ""
-
-
-@pytest.fixture
-def pool(crd: Kube, namespace: str) -> Iterator[NodePool]:
-    created = NodePool(crd, namespace)
-    yield created
-    created.cleanup()
-
-
-@pytest.fixture
-def queues(crd: Kube) -> Iterator[Any]:
-    """Cluster-scoped Queues with names unique to the test, deleted after it."""
-    suffix = uuid.uuid4().hex[:5]
-    made: list[str] = []
-
-    def make(name: str, **spec: Any) -> str:
-        full = f"{name}-{suffix}"
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Queue", "metadata": {"name": full}}
-        crd.custom.create_cluster_custom_object(GROUP, VERSION, "queues", {**body, "spec": spec})
-        made.append(full)
-        return full
-
-    yield make
-    for name in made:
-        crd.custom.delete_cluster_custom_object(GROUP, VERSION, "queues", name)
 
 
 def prometheus_binary(kube: Kube) -> Path:

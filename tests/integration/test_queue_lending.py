@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,36 +21,6 @@ from kube import Kube, NodePool, OperatorProcess, eventually
 
 pytestmark = pytest.mark.integration
 GROUP, VERSION = "gangshare.io", "v1alpha1"
-
-
-@pytest.fixture
-def pool(crd: Kube, namespace: str) -> Iterator[NodePool]:
-    created = NodePool(crd, namespace)
-    yield created
-    created.cleanup()
-
-
-@pytest.fixture
-def queues(crd: Kube) -> Iterator[Any]:
-    """Creates cluster-scoped Queues with names unique to the test; deletes them after."""
-    suffix = uuid.uuid4().hex[:5]
-    made: list[str] = []
-
-    def make(name: str, **spec: Any) -> str:
-        full = f"{name}-{suffix}"
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "Queue",
-            "metadata": {"name": full},
-            "spec": spec,
-        }
-        crd.custom.create_cluster_custom_object(GROUP, VERSION, "queues", body)
-        made.append(full)
-        return full
-
-    yield make
-    for name in made:
-        crd.custom.delete_cluster_custom_object(GROUP, VERSION, "queues", name)
 
 
 def queue_status(kube: Kube, name: str) -> dict[str, Any]:
