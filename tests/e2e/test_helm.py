@@ -33,6 +33,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gangshare.agent.main import add_agent_command
 from gangshare.dev import binaries, processes
 from gangshare.extender.main import add_extender_command
 from gangshare.kube.queue import QUEUE_PLURAL, default_queue_object, parse_queue
@@ -41,7 +42,7 @@ from gangshare.operator.main import (
     parse_priority_limits,
     parse_quotas,
 )
-from kube import Kube, eventually
+from kube import Kube, NodePool, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -106,11 +107,12 @@ def scheduler_config(manifests: Manifests, fullname: str = "gangshare") -> dict[
 
 
 def cli_parser() -> argparse.ArgumentParser:
-    """The real `gangshare operator` and `gangshare extender` argument parsers."""
+    """The real `gangshare operator`, `extender` and `agent` argument parsers."""
     parser = argparse.ArgumentParser(prog="gangshare")
     commands = parser.add_subparsers(dest="command", required=True)
     add_operator_command(commands)
     add_extender_command(commands)
+    add_agent_command(commands)
     return parser
 
 
@@ -125,11 +127,16 @@ def test_chart_lints_with_and_without_the_optional_parts(helm: Helm):
         *("--set", "operator.quotas.research=16"),
         *("--set", "operator.smallJobMaxGpus=2"),
         *("--set", "priorityClassName=system-cluster-critical"),
+        *("--set", "scheduler.replicas=2", "--set", "agent.namespace=kube-system"),
     ]
     assert "0 chart(s) failed" in helm("lint", "--strict", str(CHART), *everything).stdout
     manifests = helm.render(*everything)
     assert ("ServiceMonitor", "gangshare-extender") in manifests
     assert ("NetworkPolicy", "gangshare-scheduler") in manifests
+    assert ("PodDisruptionBudget", "gangshare-scheduler") in manifests
+    assert ("DaemonSet", "gangshare-agent") in manifests
+    off = ("--set", "agent.enabled=false", "--set", "podDisruptionBudget.enabled=false")
+    assert "0 chart(s) failed" in helm("lint", "--strict", str(CHART), *everything, *off).stdout
 
 
 def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
@@ -139,6 +146,12 @@ def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
         ("operator.fairshare=true", "fairshare"),
         ("operator.replicas=0", "/operator/replicas"),
         ("operator.leaderElection.leaseName=Not_A_Name", "/operator/leaderElection/leaseName"),
+        ("agent.shareSlots=0", "/agent/shareSlots"),
+        ("agent.tolerance=1", "/agent/tolerance"),
+        ("agent.metricsPort=0", "/agent/metricsPort"),
+        ("agent.namespace=Kube_System", "/agent/namespace"),
+        ("agent.sharSlots=2", "sharSlots"),
+        ("podDisruptionBudget.enable=false", "enable"),
     ]:
         done = helm("template", "x", str(CHART), "--set", setting, check=False)
         assert done.returncode != 0 and key in done.stderr, (setting, done.stderr)
@@ -261,8 +274,17 @@ def test_the_template_policy_is_the_repository_file_and_the_pod_policy_names_the
         }
     pod_policy = manifests[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
     allowed = pod_policy["spec"]["matchConditions"][0]["expression"]
-    for account in ("gangshare-operator", "gangshare-scheduler"):
+    for account in ("gangshare-operator", "gangshare-scheduler", "gangshare-agent"):
         assert f"'system:serviceaccount:gs-sys:{account}'" in allowed
+    # The agent writes assigned-gpus from its own namespace when it runs elsewhere.
+    elsewhere = helm.render("--set", "agent.namespace=kube-system", namespace="gs-sys")
+    pod_policy = elsewhere[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
+    allowed = pod_policy["spec"]["matchConditions"][0]["expression"]
+    assert "'system:serviceaccount:kube-system:gangshare-agent'" in allowed
+    assert "'system:serviceaccount:gs-sys:gangshare-agent'" not in allowed
+    no_agent = helm.render("--set", "agent.enabled=false", namespace="gs-sys")
+    pod_policy = no_agent[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
+    assert "gangshare-agent" not in pod_policy["spec"]["matchConditions"][0]["expression"]
     off = helm.render(
         "--set", "admissionPolicies.templates=false", "--set", "admissionPolicies.podKeys=false"
     )
@@ -424,6 +446,195 @@ def test_pods_are_locked_down_and_the_operator_replicas_elect_a_leader(helm: Hel
     assert "--config=/etc/gangshare/scheduler-config.yaml" in pod["kube-scheduler"]["command"]
 
 
+AGENT_RUNTIME_CLASS = "nvidia"
+AGENT_HOST_PATHS = {
+    "/var/lib/kubelet/device-plugins": ("Directory", False),
+    "/var/lib/kubelet/pod-resources": ("Directory", True),
+    "/var/run/gangshare": ("DirectoryOrCreate", False),
+}
+
+
+def host_paths(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """host path -> (hostPath type, mounted read-only) for one container of a pod spec."""
+    volumes = {v["name"]: v["hostPath"] for v in pod.get("volumes", []) if "hostPath" in v}
+    mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+    assert set(volumes) <= set(mounts), (volumes, mounts)
+    return {
+        volumes[name]["path"]: (volumes[name]["type"], bool(mounts[name].get("readOnly")))
+        for name in volumes
+    }
+
+
+def test_the_agent_daemonset_is_root_with_only_kill_and_three_host_paths(helm: Helm):
+    manifests = helm.render("--set", "image.repository=registry.example/gangshare")
+    daemonset = manifests[("DaemonSet", "gangshare-agent")]
+    assert daemonset["metadata"]["namespace"] == "gangshare-system"
+    pod = daemonset["spec"]["template"]["spec"]
+    [agent] = pod["containers"]
+    assert "initContainers" not in pod
+    assert agent["image"] == "registry.example/gangshare:0.1.0"
+    # Root for the kubelet's sockets, but nothing beyond CAP_KILL: no privileged mode, no
+    # escalation, a read-only root file system, the runtime's default seccomp profile.
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = agent["securityContext"]
+    assert security.get("privileged", False) is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert pod["hostPID"] is True
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    # Exactly the device-plugin README's three host paths (plus the /tmp emptyDir).
+    assert host_paths(pod, agent) == AGENT_HOST_PATHS
+    assert [v["name"] for v in pod["volumes"] if "emptyDir" in v] == ["tmp"]
+    # Placement: GPU nodes, through their GPU taint, never preempted for ordinary pods.
+    assert pod["nodeSelector"] == {"gangshare.io/gpu-node": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["serviceAccountName"] == "gangshare-agent"
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert agent["ports"] == [{"name": "metrics", "containerPort": 9402, "protocol": "TCP"}]
+    # The arguments are the real CLI's, and the values reach it.
+    parsed = cli_parser().parse_args(agent["args"])
+    assert (parsed.share_slots, parsed.tolerance, parsed.control_period) == (4, 0.05, 2.0)
+    assert (parsed.metrics_port, str(parsed.socket_dir)) == (9402, "/var/run/gangshare")
+    assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
+    assert str(parsed.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    values = [
+        # --set reads 0.1 as a string; the schema wants numbers (as from a values file).
+        *("--set", "agent.shareSlots=8", "--set-json", "agent.tolerance=0.1"),
+        *("--set-json", "agent.controlPeriod=0.5", "--set", "agent.metricsPort=9500"),
+        *("--set", "agent.runtimeClassName=", "--set", "agent.namespace=kube-system"),
+        *("--set", "agent.kubeletRootDir=/var/lib/k0s/kubelet"),
+        *("--set-json", 'agent.extraArgs=["--publish-interval=5"]'),
+    ]
+    changed = helm.render(*values)
+    daemonset = changed[("DaemonSet", "gangshare-agent")]
+    assert daemonset["metadata"]["namespace"] == "kube-system"
+    pod = daemonset["spec"]["template"]["spec"]
+    [agent] = pod["containers"]
+    assert "runtimeClassName" not in pod
+    parsed = cli_parser().parse_args(agent["args"])
+    assert (parsed.share_slots, parsed.tolerance, parsed.control_period) == (8, 0.1, 0.5)
+    assert (parsed.metrics_port, parsed.publish_interval) == (9500, 5.0)
+    assert agent["ports"][0]["containerPort"] == 9500
+    # Another kubelet root moves the host side only; the agent's own paths stay.
+    assert set(host_paths(pod, agent)) == {
+        "/var/lib/k0s/kubelet/device-plugins",
+        "/var/lib/k0s/kubelet/pod-resources",
+        "/var/run/gangshare",
+    }
+    assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
+    account = changed[("ServiceAccount", "gangshare-agent")]
+    assert account["metadata"]["namespace"] == "kube-system"
+    binding = changed[("ClusterRoleBinding", "gangshare-agent")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gangshare-agent", "namespace": "kube-system"}
+    ]
+    assert changed[("Service", "gangshare-agent")]["metadata"]["namespace"] == "kube-system"
+
+
+def test_the_agent_role_is_exactly_the_readme_list_and_agent_disabled_renders_none(helm: Helm):
+    manifests = helm.render()
+    rules = manifests[("ClusterRole", "gangshare-agent")]["rules"]
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "list"),
+        ("", "pods", "patch"),
+        ("", "pods/eviction", "create"),
+        ("events.k8s.io", "events", "create"),
+    }
+    assert not any("resourceNames" in rule for rule in rules)
+    off = helm.render(
+        "--set", "agent.enabled=false", "--set", "metrics.serviceMonitor.enabled=true"
+    )
+    assert [key for key in off if "agent" in key[1]] == []
+    assert not [key for key in off if key[0] == "DaemonSet"]
+
+
+def test_disruption_budgets_keep_an_operator_and_spare_a_lone_scheduler(helm: Helm):
+    manifests = helm.render()
+    operator = manifests[("PodDisruptionBudget", "gangshare-operator")]
+    assert operator["spec"]["maxUnavailable"] == 1
+    deployment = manifests[("Deployment", "gangshare-operator")]
+    assert operator["spec"]["selector"] == deployment["spec"]["selector"]
+    # One scheduler replica: a budget could only block drains.
+    assert ("PodDisruptionBudget", "gangshare-scheduler") not in manifests
+    two = helm.render("--set", "scheduler.replicas=2")
+    scheduler = two[("PodDisruptionBudget", "gangshare-scheduler")]
+    assert scheduler["spec"]["maxUnavailable"] == 1
+    assert (
+        scheduler["spec"]["selector"]
+        == (two[("Deployment", "gangshare-scheduler")]["spec"]["selector"])
+    )
+    off = helm.render("--set", "podDisruptionBudget.enabled=false", "--set", "scheduler.replicas=2")
+    assert not [key for key in off if key[0] == "PodDisruptionBudget"]
+
+
+def test_operator_and_agent_metrics_services_and_their_service_monitors(helm: Helm):
+    manifests = helm.render("--set", "agent.namespace=gpu-system", namespace="gs-sys")
+    operator = manifests[("Service", "gangshare-operator")]
+    assert operator["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert (
+        operator["spec"]["selector"]
+        == (manifests[("Deployment", "gangshare-operator")]["spec"]["selector"]["matchLabels"])
+    )
+    agent = manifests[("Service", "gangshare-agent")]
+    assert agent["metadata"]["namespace"] == "gpu-system"
+    assert agent["spec"]["clusterIP"] == "None"  # headless: every agent pod is a target
+    assert agent["spec"]["ports"] == [
+        {"name": "metrics", "port": 9402, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert (
+        agent["spec"]["selector"]
+        == (manifests[("DaemonSet", "gangshare-agent")]["spec"]["selector"]["matchLabels"])
+    )
+    assert not [key for key in manifests if key[0] == "ServiceMonitor"]
+    monitored = helm.render(
+        *("--set", "metrics.serviceMonitor.enabled=true", "--set", "agent.namespace=gpu-system"),
+        *("--set", "metrics.serviceMonitor.labels.release=prometheus"),
+        namespace="gs-sys",
+    )
+    services = {name: obj for (kind, name), obj in monitored.items() if kind == "Service"}
+    monitors = {name: obj for (kind, name), obj in monitored.items() if kind == "ServiceMonitor"}
+    assert set(monitors) == {"gangshare-operator", "gangshare-extender", "gangshare-agent"}
+    for name, monitor in monitors.items():
+        service = services[name]
+        assert monitor["metadata"]["namespace"] == "gs-sys"
+        assert monitor["metadata"]["labels"]["release"] == "prometheus"
+        # Each selects exactly its Service, by labels and namespace, on the port named metrics.
+        labels = service["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        others = [s for n, s in services.items() if n != name]
+        assert not any(
+            monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+            for s in others
+        )
+        assert monitor["spec"]["namespaceSelector"] == {
+            "matchNames": [service["metadata"]["namespace"]]
+        }
+        [endpoint] = monitor["spec"]["endpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+        # The agent's series carry the GPU pod's namespace and pod labels: kept as they are.
+        assert endpoint.get("honorLabels", False) == (name == "gangshare-agent")
+
+
 # ----- a release in the session cluster --------------------------------------------------------
 
 
@@ -431,13 +642,18 @@ def test_pods_are_locked_down_and_the_operator_replicas_elect_a_leader(helm: Hel
 class Release:
     name: str
     namespace: str
+    # agent.namespace: the agent cannot meet the release namespace's "restricted" level.
+    agent_namespace: str
     scheduler_name: str
     manifests: Manifests
     # A `default` Queue made outside the release (by an operator of another test) is left alone.
     default_queue_was_there: bool = False
 
+    def namespace_of(self, who: str) -> str:
+        return self.agent_namespace if who == "agent" else self.namespace
+
     def sa(self, who: str) -> str:
-        return f"system:serviceaccount:{self.namespace}:{self.name}-{who}"
+        return f"system:serviceaccount:{self.namespace_of(who)}:{self.name}-{who}"
 
 
 def crd_exists(kube: Kube, name: str = CRD_NAME) -> bool:
@@ -476,14 +692,38 @@ def release(kube: Kube, helm: Helm) -> Iterator[Release]:
     kube.core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels=restricted))
     )
+    # The agent needs host paths and the host PID namespace, which "restricted" refuses: it goes
+    # into a namespace of its own without that label (as kube-system would be on a real cluster).
+    agent_namespace = f"{namespace}-agent"
+    kube.core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=agent_namespace))
+    )
+    # The RuntimeClass the NVIDIA container toolkit installs; without it the RuntimeClass
+    # admission plugin refuses the agent's pods (KWOK ignores the handler).
+    node_api = client.NodeV1Api(kube.api_client)
+    runtime_class_was_there = AGENT_RUNTIME_CLASS in {
+        r.metadata.name for r in node_api.list_runtime_class().items
+    }
+    if not runtime_class_was_there:
+        node_api.create_runtime_class(
+            client.V1RuntimeClass(
+                metadata=client.V1ObjectMeta(name=AGENT_RUNTIME_CLASS), handler="nvidia"
+            )
+        )
     try:
         helm(
             *("install", name, str(CHART), "-n", namespace, "--wait=false"),
             *("--set", f"schedulerName={scheduler_name}", kubeconfig),
+            *("--set", f"agent.namespace={agent_namespace}"),
         )
         manifest = helm("get", "manifest", name, "-n", namespace, kubeconfig).stdout
         yield Release(
-            name, namespace, scheduler_name, by_kind_and_name(manifest), default_was_there
+            name,
+            namespace,
+            agent_namespace,
+            scheduler_name,
+            by_kind_and_name(manifest),
+            default_was_there,
         )
     finally:
         # The last test uninstalls; this is for a run that stopped before it.
@@ -497,19 +737,29 @@ def release(kube: Kube, helm: Helm) -> Iterator[Release]:
         if QUEUE_CRD_NAME not in delete_crds and not default_was_there:
             with contextlib.suppress(ApiException):
                 kube.custom.delete_cluster_custom_object(*TJ[:2], QUEUE_PLURAL, "default")
-        with contextlib.suppress(ApiException):
-            # Pods first, without grace: the namespace controller would otherwise wait out their
-            # 30 s termination grace period (KWOK pods have nothing to shut down).
-            kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-            kube.core.delete_namespace(namespace)
+        for ns in (namespace, agent_namespace):
+            with contextlib.suppress(ApiException):
+                # Pods first, without grace: the namespace controller would otherwise wait out
+                # their 30 s termination grace period (KWOK pods have nothing to shut down).
+                kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+                kube.core.delete_namespace(ns)
         for crd in delete_crds:
             kube.extensions.delete_custom_resource_definition(crd)
+        if not runtime_class_was_there:
+            with contextlib.suppress(ApiException):
+                node_api.delete_runtime_class(AGENT_RUNTIME_CLASS)
 
         def cleaned_up() -> bool:
             namespaces = {n.metadata.name for n in kube.core.list_namespace().items}
-            return namespace not in namespaces and not any(crd_exists(kube, c) for c in delete_crds)
+            return not {namespace, agent_namespace} & namespaces and not any(
+                crd_exists(kube, c) for c in delete_crds
+            )
 
-        eventually(cleaned_up, timeout=90, what=f"namespace {namespace} (and the CRDs) deleted")
+        eventually(
+            cleaned_up,
+            timeout=90,
+            what=f"namespaces {namespace}, {agent_namespace} (and the CRDs) deleted",
+        )
 
 
 def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
@@ -523,13 +773,18 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     [sidecar] = scheduler.spec.template.spec.init_containers
     assert (sidecar.name, sidecar.restart_policy) == ("extender", "Always")
     assert [c.name for c in scheduler.spec.template.spec.containers] == ["kube-scheduler"]
-    for who in ("operator", "scheduler"):
-        kube.core.read_namespaced_service_account(f"{name}-{who}", ns)
-    for cluster_role in (f"{name}-operator", f"{name}-extender"):
+    for who in ("operator", "scheduler", "agent"):
+        kube.core.read_namespaced_service_account(f"{name}-{who}", release.namespace_of(who))
+    for cluster_role in (f"{name}-operator", f"{name}-extender", f"{name}-agent"):
         rbac.read_cluster_role(cluster_role)
+    agent_binding = rbac.read_cluster_role_binding(f"{name}-agent")
+    assert [(s.name, s.namespace) for s in agent_binding.subjects] == [
+        (f"{name}-agent", release.agent_namespace)
+    ]
     bindings = {
         f"{name}-operator": f"{name}-operator",
         f"{name}-extender": f"{name}-extender",
+        f"{name}-agent": f"{name}-agent",
         f"{name}-scheduler-as-kube-scheduler": "system:kube-scheduler",
         f"{name}-scheduler-as-volume-scheduler": "system:volume-scheduler",
     }
@@ -543,6 +798,17 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     service = kube.core.read_namespaced_service(f"{name}-extender", ns)
     assert [(p.name, p.port) for p in service.spec.ports] == [("metrics", 8889)]
     assert service.spec.selector == scheduler.spec.selector.match_labels
+    operator_metrics = kube.core.read_namespaced_service(f"{name}-operator", ns)
+    assert [(p.name, p.port) for p in operator_metrics.spec.ports] == [("metrics", 8081)]
+    assert operator_metrics.spec.selector == operator.spec.selector.match_labels
+    agent = apps.read_namespaced_daemon_set(f"{name}-agent", release.agent_namespace)
+    agent_metrics = kube.core.read_namespaced_service(f"{name}-agent", release.agent_namespace)
+    assert agent_metrics.spec.cluster_ip == "None"
+    assert agent_metrics.spec.selector == agent.spec.selector.match_labels
+    budget = client.PolicyV1Api(kube.api_client).read_namespaced_pod_disruption_budget(
+        f"{name}-operator", ns
+    )
+    assert budget.spec.max_unavailable == 1
     config = kube.core.read_namespaced_config_map(f"{name}-scheduler-config", ns)
     assert yaml.safe_load(config.data["scheduler-config.yaml"])["profiles"] == [
         {"schedulerName": release.scheduler_name}
@@ -551,7 +817,7 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     dashboard = kube.core.read_namespaced_config_map(f"{name}-dashboard-overview", ns)
     assert dashboard.metadata.labels["grafana_dashboard"] == "1"
     assert list(dashboard.data) == ["gangshare-overview.json"]
-    for obj in (operator, scheduler, service, config, dashboard):
+    for obj in (operator, scheduler, service, config, dashboard, agent, agent_metrics):
         assert obj.metadata.labels["app.kubernetes.io/instance"] == name
         assert obj.metadata.labels["app.kubernetes.io/managed-by"] == "Helm"
 
@@ -582,6 +848,80 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     eventually(pods_admitted, what="operator and scheduler pods created")
 
 
+def tolerated(node: client.V1Node, tolerations: list[dict[str, Any]]) -> bool:
+    """Whether a DaemonSet pod with these tolerations may run on the node. The DaemonSet
+    controller adds tolerations for the node.kubernetes.io/ conditions itself."""
+
+    def tolerates(taint: client.V1Taint) -> bool:
+        return any(
+            t.get("key") in (None, taint.key)
+            and t.get("effect") in (None, taint.effect)
+            and (t.get("operator") == "Exists" or t.get("value") == taint.value)
+            for t in tolerations
+        )
+
+    return all(
+        taint.effect == "PreferNoSchedule"
+        or taint.key.startswith("node.kubernetes.io/")
+        or tolerates(taint)
+        for taint in node.spec.taints or []
+    )
+
+
+def test_helm_install_brings_every_deployment_and_the_daemonset_up(kube: Kube, release: Release):
+    """On KWOK nodes, which mark bound pods Running and Ready: the Deployments' replicas are
+    admitted (Pod Security "restricted" in the release namespace), scheduled and available, and
+    the agent has one Ready pod on every GPU node it selects."""
+    apps = client.AppsV1Api(kube.api_client)
+    name = release.name
+    for deployment in (f"{name}-operator", f"{name}-scheduler"):
+
+        def available(d: str = deployment) -> bool:
+            found = apps.read_namespaced_deployment(d, release.namespace)
+            wanted = found.spec.replicas
+            status = found.status
+            conditions = {c.type: c.status for c in status.conditions or []}
+            # Raised, not returned: `eventually` then reports the last status it saw.
+            assert (
+                status.available_replicas == wanted
+                and status.ready_replicas == wanted
+                and conditions.get("Available") == "True"
+            ), status
+            return True
+
+        eventually(available, timeout=90, what=f"Deployment {deployment} available")
+    daemonset = release.manifests[("DaemonSet", f"{name}-agent")]
+    pod = daemonset["spec"]["template"]["spec"]
+    selector = ",".join(f"{k}={v}" for k, v in pod["nodeSelector"].items())
+    gpu_nodes = {
+        n.metadata.name
+        for n in kube.core.list_node(label_selector=selector).items
+        if tolerated(n, pod["tolerations"])
+    }
+    assert gpu_nodes, f"no node matches {selector}"
+
+    def all_ready() -> bool:
+        status = apps.read_namespaced_daemon_set(f"{name}-agent", release.agent_namespace).status
+        assert (
+            status.desired_number_scheduled == len(gpu_nodes)
+            and status.current_number_scheduled == len(gpu_nodes)
+            and status.number_ready == len(gpu_nodes)
+            and status.number_available == len(gpu_nodes)
+        ), status
+        return True
+
+    eventually(all_ready, timeout=90, what=f"an agent Ready on each of {sorted(gpu_nodes)}")
+    pods = kube.core.list_namespaced_pod(
+        release.agent_namespace, label_selector="app.kubernetes.io/component=agent"
+    ).items
+    assert {p.spec.node_name for p in pods} == gpu_nodes
+    for agent in pods:
+        assert agent.spec.host_pid is True
+        assert agent.spec.runtime_class_name == AGENT_RUNTIME_CLASS
+        assert agent.spec.priority_class_name == "system-node-critical"
+        assert agent.spec.service_account_name == f"{name}-agent"
+
+
 def test_another_release_leaves_the_default_queue_to_its_owner(
     kube: Kube, helm: Helm, release: Release
 ):
@@ -602,7 +942,8 @@ def test_another_release_leaves_the_default_queue_to_its_owner(
 # Every API call the components make, as `kubectl auth can-i` checks of their service accounts,
 # and a few they must not be able to make.
 #   (account, verb, resource, subresource, namespace, allowed)
-# account: "operator" or "scheduler" (the extender and kube-scheduler share the scheduler pod's);
+# account: "operator", "scheduler" (the extender and kube-scheduler share the scheduler pod's) or
+# "agent" (its account lives in agent.namespace);
 # namespace: "*" all namespaces, "release" the release namespace, or a namespace's name.
 RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     # operator: kopf's watches and src/gangshare/operator/kubeapi.py
@@ -675,6 +1016,25 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("scheduler", "patch", "pods", "", "*", False),  # the Binding carries the GPU annotations
     ("scheduler", "delete", "trainingjobs.gangshare.io", "", "*", False),
     ("scheduler", "get", "secrets", "", "*", False),
+    # agent: src/gangshare/agent/nodeapi.py (device-plugin/README.md's list), in agent.namespace
+    ("agent", "get", "nodes", "", "", True),
+    ("agent", "patch", "nodes", "", "", True),
+    ("agent", "list", "pods", "", "*", True),
+    ("agent", "patch", "pods", "", "*", True),
+    ("agent", "create", "pods", "eviction", "*", True),
+    ("agent", "create", "events.events.k8s.io", "", "*", True),
+    ("agent", "list", "nodes", "", "", False),
+    ("agent", "delete", "nodes", "", "", False),
+    ("agent", "patch", "nodes", "status", "", False),
+    ("agent", "create", "pods", "", "*", False),
+    ("agent", "delete", "pods", "", "*", False),
+    ("agent", "watch", "pods", "", "*", False),
+    ("agent", "create", "pods", "binding", "*", False),
+    ("agent", "get", "secrets", "", "*", False),
+    ("agent", "get", "configmaps", "", "release", False),
+    ("agent", "update", "trainingjobs.gangshare.io", "", "*", False),
+    ("agent", "list", "trainingjobs.gangshare.io", "", "*", False),
+    ("agent", "update", "leases.coordination.k8s.io/gangshare-operator", "", "release", False),
 ]
 
 
@@ -755,7 +1115,8 @@ def sa_kubeconfig(kube: Kube, release: Release, who: str, folder: Path) -> Path:
     """A kubeconfig that authenticates with a fresh token of one of the chart's accounts."""
     token = subprocess.run(
         kube.kubectl(
-            "create", "token", f"{release.name}-{who}", "-n", release.namespace, "--duration=1h"
+            *("create", "token", f"{release.name}-{who}"),
+            *("-n", release.namespace_of(who), "--duration=1h"),
         ),
         capture_output=True,
         text=True,
@@ -839,11 +1200,41 @@ def test_components_run_under_their_service_accounts(
         metrics_address=f"127.0.0.1:{operator_metrics_port}",
         kubeconfig=str(operator_kubeconfig),
     )
+    # The agent for a KWOK node of its own, with fake GPUs: no kubelet, so its device plugins
+    # never register (it logs that and goes on), but it reads and patches its Node and lists the
+    # pods bound to it under the chart's agent account, with the chart's arguments.
+    pool = NodePool(kube, namespace)
+    [agent_node] = pool.nodes(1, 4)
+    fake_gpus = tmp_path / "gpus.yaml"
+    fake_gpus.write_text(
+        yaml.safe_dump(
+            {
+                "nodePools": [
+                    {"name": pool.label, "count": 1, "gpusPerNode": 4, "gpuModel": pool.model}
+                ]
+            }
+        )
+    )
+    agent_metrics_port = processes.free_port()
+    agent_args = with_flags(
+        containers(release.manifests[("DaemonSet", f"{name}-agent")])["agent"]["args"],
+        node_name=agent_node,
+        kubeconfig=str(sa_kubeconfig(kube, release, "agent", tmp_path)),
+        nvml="fake",
+        fake_spec=str(fake_gpus),
+        device_plugin_dir=str(tmp_path / "device-plugins"),
+        pod_resources_socket=str(tmp_path / "no-kubelet.sock"),
+        socket_dir=str(tmp_path / "sdk"),
+        mps_pipe_dir=str(tmp_path / "mps"),
+        metrics_port=str(agent_metrics_port),
+        publish_interval="1",
+    )
     python = [sys.executable, "-m", "gangshare.cli"]
     argvs = {
         "extender": [*python, *extender_args],
         "kube-scheduler": [str(kube.bins / "kube-scheduler"), *scheduler_args],
         "operator": [*python, *operator_args],
+        "agent": [*python, *agent_args],
     }
     started: list[processes.Child] = []
 
@@ -855,6 +1246,7 @@ def test_components_run_under_their_service_accounts(
         start("extender", lambda: http_status(f"http://127.0.0.1:{metrics_port}/readyz") == 200)
         start("kube-scheduler", lambda: https_ok(f"https://127.0.0.1:{scheduler_port}/healthz"))
         start("operator", lambda: http_status(f"http://127.0.0.1:{liveness_port}/healthz") == 200)
+        start("agent", lambda: http_status(f"http://127.0.0.1:{agent_metrics_port}/metrics") == 200)
         coordination = client.CoordinationV1Api(kube.api_client)
         lease = "gangshare-scheduler"
         eventually(
@@ -893,10 +1285,24 @@ def test_components_run_under_their_service_accounts(
             'service_class="Guaranteed"} 1.0',
         ):
             assert series in text, text
+
+        # The agent, under its account, published on its Node (read, then merge-patched).
+        def published() -> dict[str, str] | None:
+            annotations = kube.core.read_node(agent_node).metadata.annotations or {}
+            wanted = ("gangshare.io/gpu-utilization", "gangshare.io/gpu-enforcement")
+            return annotations if all(k in annotations for k in wanted) else None
+
+        eventually(published, what=f"the agent's annotations on {agent_node}")
+        url = f"http://127.0.0.1:{agent_metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            agent_metrics = response.read().decode()
+        sm = [line for line in agent_metrics.splitlines() if line.startswith("gangshare_gpu_sm_")]
+        assert sm and all(f'node="{agent_node}"' in line for line in sm), agent_metrics
     finally:
         survivors = processes.stop(started)
         # Without grace: the namespace fixture then need not wait out 30 s per pod.
         kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        pool.cleanup()
     assert survivors == []
     for child in started:
         text = child.log.read_text(errors="replace")
@@ -976,8 +1382,15 @@ def test_uninstall_removes_the_release_but_keeps_the_crd(kube: Kube, helm: Helm,
     ns = release.namespace
 
     def leftovers() -> list[str]:
+        agents = release.agent_namespace
         found = [
             *apps.list_namespaced_deployment(ns, label_selector=selector).items,
+            *apps.list_namespaced_daemon_set(agents, label_selector=selector).items,
+            *kube.core.list_namespaced_service_account(agents, label_selector=selector).items,
+            *kube.core.list_namespaced_service(agents, label_selector=selector).items,
+            *client.PolicyV1Api(kube.api_client)
+            .list_namespaced_pod_disruption_budget(ns, label_selector=selector)
+            .items,
             *kube.core.list_namespaced_service_account(ns, label_selector=selector).items,
             *kube.core.list_namespaced_service(ns, label_selector=selector).items,
             *kube.core.list_namespaced_config_map(ns, label_selector=selector).items,

@@ -76,6 +76,17 @@ The gangshare image; the tag defaults to the chart's appVersion.
 {{- printf "%s-scheduler" (include "gangshare.fullname" .) }}
 {{- end }}
 
+{{- define "gangshare.agentServiceAccount" -}}
+{{- printf "%s-agent" (include "gangshare.fullname" .) }}
+{{- end }}
+
+{{/*
+The node agent's namespace: agent.namespace, or the release namespace.
+*/}}
+{{- define "gangshare.agentNamespace" -}}
+{{- default .Release.Namespace .Values.agent.namespace }}
+{{- end }}
+
 {{/*
 The shared /tmp emptyDir that lets every container keep a read-only root file system.
 */}}
