@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes components (control plane, kubectl, kubelet; plus etcd, kwok,
-# helm, Prometheus) from Go modules, into a per-version cache folder OUTSIDE the repository.
+# helm, Prometheus, promtool) from Go modules, into a per-version cache OUTSIDE the repository.
 #
 # Why this exists: gangshare's integration tests need a real kube-apiserver /
 # scheduler / controller-manager, but this project must never commit binaries,
@@ -41,7 +41,10 @@ set -euo pipefail
 #   with static scrape targets, so it is built with `remove_all_sd` (no
 #   service discoveries, hence none of their cloud SDKs) and without
 #   `builtinassets` (the web UI's compiled assets are not in the module zip and
-#   need npm; only the HTTP API is used).
+#   need npm; only the HTTP API is used).  promtool comes from the same module
+#   version with the same tags and version stamping: tests/e2e/test_sim_replay.py
+#   backfills the simulator's OpenMetrics output into blocks with
+#   `promtool tsdb create-blocks-from openmetrics`.
 # ---------------------------------------------------------------------------
 K8S_VERSION="v1.35.4"
 ETCD_VERSION="v3.6.16"
@@ -60,7 +63,8 @@ HELM_MODULE="helm.sh/helm/v3"
 PROMETHEUS_MODULE="github.com/prometheus/prometheus"
 
 K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet)
-ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm prometheus)
+PROMETHEUS_BINARIES=(prometheus promtool)
+ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm "${PROMETHEUS_BINARIES[@]}")
 
 CACHE_ROOT="${GANGSHARE_CACHE:-$HOME/.cache/gangshare}"
 KEY_DIR="${CACHE_ROOT}/k8s/${K8S_VERSION}"
@@ -97,7 +101,7 @@ stamp_value() {
         etcd) mv="${ETCD_MODULE}@${ETCD_VERSION}" ;;
         kwok) mv="${KWOK_MODULE}@${KWOK_VERSION}" ;;
         helm) mv="${HELM_MODULE}@${HELM_VERSION}" ;;
-        prometheus) mv="${PROMETHEUS_MODULE}@${PROMETHEUS_VERSION}" ;;
+        prometheus|promtool) mv="${PROMETHEUS_MODULE}@${PROMETHEUS_VERSION}" ;;
         *) die "unknown binary $1" ;;
     esac
     echo "${mv} recipe=${RECIPE_REVISION}"
@@ -148,7 +152,7 @@ TOTAL_START=$(date +%s)
 
 # Fast path: a warm run must not touch the network or even start `go`.
 if all_current; then
-    log "all binaries present in ${BIN_DIR} (0s)"
+    log "all binaries cached in ${BIN_DIR} (0s)"
     exit 0
 fi
 
@@ -363,9 +367,15 @@ build_helm() {
  -X ${p}/pkg/chartutil.k8sVersionMajor=${major} -X ${p}/pkg/chartutil.k8sVersionMinor=${minor}"
 }
 
-# --- Prometheus (only tests/e2e/test_prometheus.py runs it, against the dashboards)
+# --- Prometheus and promtool, from one module version with one set of tags and stamps:
+# prometheus for tests/e2e/test_prometheus.py (against the dashboards), promtool to backfill
+# the simulator's OpenMetrics into TSDB blocks (tests/e2e/test_sim_replay.py, docs/simulator.md).
 build_prometheus() {
-    if is_current prometheus; then log "$(printf '%-24s cached' prometheus)"; return 0; fi
+    local need=() b
+    for b in "${PROMETHEUS_BINARIES[@]}"; do
+        if is_current "$b"; then log "$(printf '%-24s cached' "$b")"; else need+=("$b"); fi
+    done
+    [[ ${#need[@]} -gt 0 ]] || return 0
     local dir="${WORK_DIR}/prometheus" info build_date
     write_wrapper "${dir}" "${PROMETHEUS_MODULE}" "${PROMETHEUS_VERSION}"
     # Same variables as upstream's .promu.yml; without them `prometheus --version`
@@ -374,10 +384,12 @@ build_prometheus() {
     build_date="$(sed -n 's/.*"Time": *"\([0-9]*\)-\([0-9]*\)-\([0-9]*\)T\([0-9:]*\).*/\1\2\3-\4/p' "${info}")"
     local release="${PROMETHEUS_VERSION#v0.}" p="github.com/prometheus/common/version"
     release="3.$(( 10#${release:1:2} )).${release#*.}"
-    go_build "${dir}" prometheus "${PROMETHEUS_MODULE}/cmd/prometheus" \
-        "-X ${p}.Version=${release} -X ${p}.Revision=module-${PROMETHEUS_VERSION} \
+    for b in "${need[@]}"; do
+        go_build "${dir}" "$b" "${PROMETHEUS_MODULE}/cmd/$b" \
+            "-X ${p}.Version=${release} -X ${p}.Revision=module-${PROMETHEUS_VERSION} \
  -X ${p}.Branch=HEAD -X ${p}.BuildUser=gangshare -X ${p}.BuildDate=${build_date}" \
-        "netgo remove_all_sd"
+            "netgo remove_all_sd"
+    done
 }
 
 build_k8s
@@ -394,6 +406,7 @@ etcd ${ETCD_VERSION}
 kwok ${KWOK_VERSION}
 helm ${HELM_VERSION}
 prometheus ${PROMETHEUS_VERSION}
+promtool ${PROMETHEUS_VERSION}
 go ${GO_VERSION}
 EOF
 

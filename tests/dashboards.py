@@ -78,8 +78,8 @@ def metric_names(expr: str) -> set[str]:
     return set(METRIC.findall(expr))
 
 
-def exported_series() -> dict[str, str]:
-    """Every series name the operator, the extender and the node agent expose -> its family.
+def exported_families() -> dict[str, str]:
+    """Every metric family the operator, the extender and the node agent expose -> its type.
 
     The metric classes are built on fresh registries and read back through `collect()`, so
     this is what a scrape would list, not a copy of the names. The operator's snapshot
@@ -97,12 +97,16 @@ def exported_series() -> dict[str, str]:
         ExtenderMetrics(CollectorRegistry()).registry,
         AgentMetrics("node", CollectorRegistry()).registry,
     ]
-    series: dict[str, str] = {}
-    for registry in registries:
-        for family in registry.collect():
-            for suffix in SUFFIXES[family.type]:
-                series[family.name + suffix] = family.name
-    return series
+    return {family.name: family.type for registry in registries for family in registry.collect()}
+
+
+def exported_series() -> dict[str, str]:
+    """Every series name the operator, the extender and the node agent expose -> its family."""
+    return {
+        name + suffix: name
+        for name, kind in exported_families().items()
+        for suffix in SUFFIXES[kind]
+    }
 
 
 def unknown_names(expr: str, exported: dict[str, str]) -> set[str]:

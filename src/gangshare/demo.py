@@ -5,6 +5,8 @@ nodes), installs the CRD, runs the operator, applies the sample TrainingJobs
 from examples/ (plus a burst of extra gangs, so some must queue), and prints a
 status table until every job has finished. KWOK plays the kubelet: each worker
 "runs" for a few seconds, marked by annotations the demo adds to the template.
+At the end it says where the operator's and the extender's /metrics are, with a few
+figures read from them.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gangshare.dev import binaries, processes
 from gangshare.dev.cli import load_nodes
@@ -132,6 +137,7 @@ def run_demo(args: argparse.Namespace) -> int:
             check=True,
             capture_output=True,
         )
+        operator_metrics = f"http://127.0.0.1:{processes.free_port()}/metrics"
         operator = processes.start(
             "operator",
             [
@@ -145,7 +151,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 f"http://127.0.0.1:{processes.free_port()}/healthz",
                 # Loopback and a free port: the default 0.0.0.0:8081 may be taken on a laptop.
                 "--metrics-address",
-                f"127.0.0.1:{processes.free_port()}",
+                operator_metrics.removeprefix("http://").removesuffix("/metrics"),
                 "--cycle-interval",
                 "0.5",
             ],
@@ -166,7 +172,13 @@ def run_demo(args: argparse.Namespace) -> int:
             f"applied {len(jobs)} TrainingJobs from {folder} (+{args.burst} burst gangs)\n",
             flush=True,
         )
-        return _watch(kubectl, len(jobs), args.timeout)
+        code = _watch(kubectl, len(jobs), args.timeout)
+        endpoints = {
+            "operator": operator_metrics,
+            "extender": f"http://127.0.0.1:{state.ports['extender_metrics']}/metrics",
+        }
+        print(metrics_report(endpoints, {name: _scrape(url) for name, url in endpoints.items()}))
+        return code
     except (ClusterError, binaries.BinariesError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or ""
         print(f"error: {err} {detail}".strip(), file=sys.stderr)
@@ -215,3 +227,46 @@ def _borrowing(job: dict[str, Any]) -> bool:
 def _queues_table(kubectl: list[str]) -> str:
     shown = subprocess.run([*kubectl, "get", "queues"], capture_output=True, text=True, check=True)
     return shown.stdout
+
+
+def _scrape(url: str) -> str | Exception:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+    except OSError as err:
+        return err
+
+
+def _totals(text: str, family: str, by: str) -> dict[str, float]:
+    """A counter family's samples summed by one label."""
+    totals: dict[str, float] = {}
+    for metric in text_string_to_metric_families(text):
+        if metric.name == family:
+            for sample in metric.samples:
+                if sample.name == f"{family}_total":
+                    key = sample.labels.get(by, "")
+                    totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def metrics_report(endpoints: Mapping[str, str], scraped: Mapping[str, str | Exception]) -> str:
+    """Where the demo's metrics are, and a few figures read from them (while they still run)."""
+    lines = ["metrics (Prometheus text format, served until the demo stops):"]
+    lines += [f"  {name:<9}{url}" for name, url in endpoints.items()]
+    operator, extender = scraped.get("operator"), scraped.get("extender")
+    figures = []
+    if isinstance(operator, str):
+        by_class = _totals(operator, "gangshare_admissions", "service_class")
+        borrowed = _totals(operator, "gangshare_admissions", "borrowed").get("true", 0)
+        preempted = sum(_totals(operator, "gangshare_preemptions", "queue").values())
+        admitted = ", ".join(f"{n:.0f} {c}" for c, n in sorted(by_class.items())) or "none"
+        figures.append(
+            f"admissions {admitted} ({borrowed:.0f} on borrowed quota), {preempted:.0f} preempted"
+        )
+    if isinstance(extender, str):
+        verbs = _totals(extender, "gangshare_extender_requests", "verb")
+        answered = ", ".join(f"{n:.0f} {v}" for v, n in sorted(verbs.items())) or "none"
+        figures.append(f"extender requests {answered}")
+    failed = [f"{name}: {err}" for name, err in scraped.items() if isinstance(err, Exception)]
+    lines.append("  " + "; ".join(figures + [f"unreadable {f}" for f in failed]))
+    return "\n".join(lines)

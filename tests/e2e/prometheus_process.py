@@ -1,4 +1,5 @@
-"""The Prometheus built by scripts/build-k8s.sh, as a process scraping loopback targets."""
+"""The Prometheus built by scripts/build-k8s.sh, as a process scraping loopback targets, or
+serving blocks backfilled by promtool (no targets, `storage` their folder)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from kube import ChildProcess, eventually
 
 
 class PrometheusProcess(ChildProcess):
-    def __init__(self, binary: Path, workdir: Path, targets: dict[str, str]) -> None:
-        """`targets`: scrape job name -> HOST:PORT of a /metrics endpoint."""
+    def __init__(
+        self, binary: Path, workdir: Path, targets: dict[str, str], storage: Path | None = None
+    ) -> None:
+        """`targets`: scrape job name -> HOST:PORT of a /metrics endpoint; `storage`: the TSDB
+        folder (default: workdir/data)."""
         self.binary = binary
         self.workdir = workdir
         self.targets = targets
+        self.storage = storage or workdir / "data"
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -46,7 +51,7 @@ class PrometheusProcess(ChildProcess):
         argv = [
             str(self.binary),
             f"--config.file={config}",
-            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--storage.tsdb.path={self.storage}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--log.level=warn",
         ]

@@ -225,10 +225,18 @@ class OperatorMetrics:
         )
 
     def set_trainingjobs(self, jobs: Iterable[Mapping[str, Any]]) -> None:
+        self.set_trainingjob_counts(trainingjob_counts(jobs))
+
+    def set_trainingjob_counts(self, counts: Mapping[TrainingJobKey, int]) -> None:
+        """The snapshot from counts by (phase, service class, queue), as trainingjob_counts
+        makes them from the objects (the simulator keeps them as it goes); every phase is
+        reported, 0 included, for each class and queue that has a count."""
         family = GaugeMetricFamily(
             "gangshare_trainingjobs", TRAININGJOBS_HELP, labels=["phase", "service_class", "queue"]
         )
-        for key, count in sorted(trainingjob_counts(jobs).items()):
+        full = {(phase, c, q): 0 for _, c, q in counts for phase in PHASES}
+        full.update(counts)
+        for key, count in sorted(full.items()):
             family.add_metric(list(key), count)
         self._jobs.replace([family])
 

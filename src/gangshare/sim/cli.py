@@ -4,6 +4,9 @@
         --cluster examples/clusters/philly-helios-3of8.yaml \\
         --policy fifo --policy multi-queue,backfill,antman --seed 1 --out sim-out/philly
 
+With --metrics-out FILE (one policy), the replay's operator and per-GPU series are also
+written as OpenMetrics text for promtool to backfill and Grafana to show (docs/simulator.md).
+
 Bad input (a missing file, a bad column, an unknown policy) ends with one line
 naming the flag or field, and exit code 2.
 """
@@ -21,6 +24,7 @@ from gangshare.core.spec import SpecError
 from gangshare.sim.clusters import load_sim_cluster
 from gangshare.sim.colocation import ColocationError, load_colocation
 from gangshare.sim.engine import SimConfig
+from gangshare.sim.openmetrics import DEFAULT_STEP_SECONDS, ReplayMetrics
 from gangshare.sim.outputs import write_outputs
 from gangshare.sim.policy import PolicyError, parse_policy
 from gangshare.sim.progress import ProgressBar
@@ -85,6 +89,24 @@ def add_simulate_command(commands: Any) -> None:
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--jobs-csv", action="store_true", help="also write one row per job")
     sim.add_argument("--no-progress", action="store_true")
+    sim.add_argument(
+        "--metrics-out",
+        type=Path,
+        help="also write the operator's and the GPUs' Prometheus series over the replay as "
+        "OpenMetrics text (one --policy), for `promtool tsdb create-blocks-from openmetrics`",
+    )
+    sim.add_argument(
+        "--metrics-step",
+        type=float,
+        help="simulated seconds between two samples of each series in --metrics-out "
+        f"(default {DEFAULT_STEP_SECONDS:g}; at most 300, Prometheus's lookback)",
+    )
+    sim.add_argument(
+        "--metrics-start",
+        type=float,
+        help="Unix time of the replay's first sample in --metrics-out (default: the replay "
+        "ends now, so it shows in Grafana's last hours or days)",
+    )
     sim.set_defaults(run=run_simulate)
 
 
@@ -116,6 +138,24 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--tolerance: must be in (0, 1), got {args.tolerance}")
     if args.control_period <= 0:
         raise UsageError(f"--control-period: must be positive, got {args.control_period}")
+    if args.metrics_out is None:
+        if args.metrics_step is not None or args.metrics_start is not None:
+            raise UsageError("--metrics-step, --metrics-start: only apply with --metrics-out")
+        return
+    if len(args.policy or ["fifo"]) != 1:
+        raise UsageError(
+            f"--metrics-out: takes one --policy (the series have no policy label), "
+            f"got {len(args.policy)}"
+        )
+    if args.metrics_step is None:
+        args.metrics_step = DEFAULT_STEP_SECONDS
+    if not 0 < args.metrics_step <= 300:
+        raise UsageError(
+            "--metrics-step: must be in (0, 300] (Prometheus's 5-minute lookback), "
+            f"got {args.metrics_step}"
+        )
+    if args.metrics_start is not None and args.metrics_start < 0:
+        raise UsageError(f"--metrics-start: must be a Unix time, got {args.metrics_start}")
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -138,6 +178,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     show = not args.no_progress and sys.stderr.isatty()
     results: list[RunResult] = []
+    recorder = ReplayMetrics(args.metrics_step) if args.metrics_out is not None else None
     for policy in policies:
         bar = ProgressBar(len(trace.jobs), f"{policy.name:<32}") if show else None
         result = simulate(
@@ -149,6 +190,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             config,
             args.opportunistic_fraction,
             bar,
+            recorder,
         )
         if bar is not None:
             bar.close()
@@ -163,6 +205,16 @@ def run_simulate(args: argparse.Namespace) -> int:
         "control period (s)": args.control_period,
     }
     written = write_outputs(args.out, header, results, not args.no_plots, args.jobs_csv)
+    if recorder is not None:
+        start = recorder.write(args.metrics_out, args.metrics_start)
+        written.append(args.metrics_out)
+        end = start + recorder.span
+        print(
+            f"metrics: {len(recorder.times):,} samples every {args.metrics_step:g} s, "
+            f"{datetime.fromtimestamp(start, UTC):%Y-%m-%d %H:%M:%S} to "
+            f"{datetime.fromtimestamp(end, UTC):%Y-%m-%d %H:%M:%S} UTC "
+            f"(--metrics-start {start:.0f}, end {end:.0f})"
+        )
     for result in results:
         s = result.summary
         print(

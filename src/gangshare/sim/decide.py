@@ -52,7 +52,12 @@ def guaranteed_usage(running: Sequence[RunningJob]) -> dict[str, int]:
 
 
 def quota_headroom(policy: QueuePolicy, usage: Mapping[str, int]) -> dict[str, int]:
-    return {queue: quota - usage.get(queue, 0) for queue, quota in policy.quota_map().items()}
+    # Never below 0: a queue already over its quota (a lender's quota shrank under running
+    # work) can take nothing more within it, but it may still borrow; a negative headroom
+    # subtracted from what it may borrow and hid jobs the cycle would admit.
+    return {
+        queue: max(0, quota - usage.get(queue, 0)) for queue, quota in policy.quota_map().items()
+    }
 
 
 def borrowed_usage(running: Sequence[RunningJob]) -> dict[str, int]:

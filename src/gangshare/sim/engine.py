@@ -38,6 +38,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gangshare.core import ServiceClass
 from gangshare.core.clock import ManualClock
@@ -54,6 +55,9 @@ from gangshare.sim.metrics import JobRecord, TimeSeries
 from gangshare.sim.pending import PendingIndex
 from gangshare.sim.policy import SimPolicy
 from gangshare.sim.workload import JobSpec
+
+if TYPE_CHECKING:
+    from gangshare.sim.openmetrics import ReplayMetrics
 
 COMPLETE, TICK = 0, 1
 # A cycle may follow a cycle at one instant (evictions, newly published memory); the bound.
@@ -157,6 +161,8 @@ class Simulation:
         self.on_progress = on_progress
         # Called after every instant; tests and --check-invariants hang assertions here.
         self.check: Callable[[Simulation], None] | None = None
+        # The operator's and agents' series over the replay (--metrics-out), when asked for.
+        self.recorder: ReplayMetrics | None = None
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._ticks: set[float] = set()
@@ -219,6 +225,8 @@ class Simulation:
                 self.check(self)
             if self.on_progress is not None:
                 self.on_progress(len(self.records))
+        if self.recorder is not None:
+            self.recorder.close(self, self._now)
         self.wall_seconds = time.perf_counter() - began
         return self.records
 
@@ -247,6 +255,8 @@ class Simulation:
         values += (waiting * ledger.memory_sum, ledger.beside, ledger.beside_speed)
         values += (float(self.borrowed_gpus),)
         self.series.add(self._now, now, values)
+        if self.recorder is not None:
+            self.recorder.advance(self, self._now, now)
         self._now = now
         self.clock.set(now)
 
@@ -269,6 +279,8 @@ class Simulation:
         queued = QueuedJob(spec.key, spec.gang, trace.submit, trace.queue, spec.priority, estimate)
         self.jobs[spec.key] = JobState(spec, queued, pending_since=now)
         self.pending.add(queued)
+        if self.recorder is not None:
+            self.recorder.arrived(spec.key, trace.queue, queued.service_class.value)
         return queued
 
     def _headroom(self) -> dict[str, int]:
@@ -322,6 +334,8 @@ class Simulation:
             self.pending.add(job.queued)
             self.counters.evictions += 1
             self.counters.reclaims += 1
+            if self.recorder is not None:
+                self.recorder.requeued(job.spec.key, "Preempted")
         return bool(result.preemptions)
 
     def _start(self, admission: Admission, now: float) -> list[GpuId]:
@@ -354,6 +368,10 @@ class Simulation:
             self.borrowed[queued.queue] = self.borrowed.get(queued.queue, 0) + queued.gpus
             self.borrowed_gpus += queued.gpus
             self.counters.borrowed += 1
+        if self.recorder is not None:
+            # As the operator: the wait runs from queuedAt, which a requeue keeps.
+            wait = now - job.spec.trace.submit
+            self.recorder.admitted(queued.key, cls.value, admission.borrowed, wait)
         owners = self.ledger.refresh(job.gpus, now)
         owners.add(queued.key)
         self._update_speeds(owners, now)
@@ -375,6 +393,8 @@ class Simulation:
                 self.pending.add(job.queued)
                 self.counters.evictions += 1
                 evicted = True
+                if self.recorder is not None:
+                    self.recorder.requeued(newest.owner, "OpportunisticEvicted")
         return evicted
 
     # ----- progress and completion --------------------------------------------------------
@@ -420,6 +440,8 @@ class Simulation:
         borrowed = self.running[trace.key].borrowed
         self._stop(job, now)
         self.counters.completions += 1
+        if self.recorder is not None:
+            self.recorder.finished(trace.key)
         # All its runs: the last alone would teach the estimator that an evicted job is short.
         self.estimator.observe(trace.queue, trace.gpus, job.ran)
         assert job.first_start is not None

@@ -223,6 +223,9 @@ def usage_section() -> list[str]:
         "",
         "`.venv/bin/python bench/simulator.py` times the Philly replay alone by trace length.",
         "",
+        "`--metrics-out FILE` also writes the operator's and the GPUs' Prometheus series over",
+        "the replay, for the Grafana dashboards; `docs/simulator.md` has the three commands.",
+        "",
     ]
 
 

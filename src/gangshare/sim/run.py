@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gangshare.sim.clusters import SimCluster
 from gangshare.sim.colocation import ColocationModel
@@ -14,6 +14,9 @@ from gangshare.sim.metrics import JobRecord, TimeSeries, summarize
 from gangshare.sim.policy import SimPolicy
 from gangshare.sim.trace import Trace
 from gangshare.sim.workload import prepare_jobs
+
+if TYPE_CHECKING:
+    from gangshare.sim.openmetrics import ReplayMetrics
 
 DEFAULT_OPPORTUNISTIC_FRACTION = 0.5
 
@@ -69,6 +72,7 @@ def simulate(
     config: SimConfig | None = None,
     opportunistic_fraction: float = DEFAULT_OPPORTUNISTIC_FRACTION,
     on_progress: Callable[[int], None] | None = None,
+    recorder: ReplayMetrics | None = None,
 ) -> RunResult:
     config = config or SimConfig()
     setup = make_cluster()  # a fresh cluster per run: the simulation allocates on it
@@ -84,6 +88,7 @@ def simulate(
     sim = Simulation(specs, setup, policy, model, config, on_progress)
     if config.check_invariants:
         sim.check = check_state
+    sim.recorder = recorder
     records = sim.run()
     gpus = setup.gpu_count
     start = min((s.trace.submit for s in specs), default=0.0)

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from gangshare.cli import main
+from lucid_inputs import write_lucid
 
 SPEC = """nodePools:
   - {name: n, count: 2, gpusPerNode: 4, gpuMemoryMiB: 16384, nvlinkIslands: [[0, 1, 2, 3]]}
@@ -13,13 +14,6 @@ queues:
   - {name: "a1b2c3", quota: 4}
   - {name: "d4e5f6", quota: 4}
 """
-
-SINGLE = "model,dataset,batchsize,amp,speed,gpu_util,gmem,label\n"
-SINGLE += "A,d,32,0,1,50,4000,0\nB,d,32,0,1,30,2000,0\n"
-PAIRS = ",model1,dataset1,gpu_num1,batchsize1,amp1,speed1,"
-PAIRS += "model2,dataset2,gpu_num2,batchsize2,amp2,speed2,gpu_util,gmem_util,gmem\n"
-PAIRS += "0,A,d,1,32,0,0.8,B,d,1,32,0,0.6,70,30,6000\n1,A,d,1,32,0,0.7,A,d,1,32,0,0.7,80,40,8000\n"
-PAIRS += "2,B,d,1,32,0,0.9,B,d,1,32,0,0.9,45,20,4000\n"
 
 
 def philly_rows(count: int = 150) -> str:
@@ -35,9 +29,7 @@ def philly_rows(count: int = 150) -> str:
 
 @pytest.fixture
 def files(tmp_path):
-    (tmp_path / "lucid").mkdir()
-    (tmp_path / "lucid" / "single_data.csv").write_text(SINGLE)
-    (tmp_path / "lucid" / "colocate_info.csv").write_text(PAIRS)
+    write_lucid(tmp_path)
     (tmp_path / "cluster.yaml").write_text(SPEC)
     (tmp_path / "philly.csv").write_text(philly_rows())
     return tmp_path

@@ -18,7 +18,7 @@ from gangshare.core.gang import never_fits
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, policy_refusal
 from gangshare.core.queues import QueueSpec
 from gangshare.sim.clusters import load_sim_cluster
-from gangshare.sim.decide import decide
+from gangshare.sim.decide import decide, quota_headroom
 from gangshare.sim.pending import PendingIndex
 from gangshare.sim.policy import parse_policy
 
@@ -244,6 +244,28 @@ def test_decide_with_cohorts_plans_what_the_operators_cycle_plans(snapshot):
         (a.job.key, a.plan, a.borrowed) for a in expected.admitted
     ]
     assert [p.job.key for p in got.preemptions] == [p.job.key for p in expected.preemptions]
+
+
+def test_a_queue_over_its_quota_may_still_borrow_for_every_job_the_cycle_would_admit():
+    # Found by the property above: a queue whose guaranteed use exceeds its quota had a
+    # negative headroom, which was subtracted from what it may borrow, so the simulator hid
+    # the second of two jobs the operator's cycle admits on borrowed quota.
+    queues = {
+        "a": QueueSpec("a", nominal_gpus=0, cohort="x"),
+        "b": QueueSpec("b", nominal_gpus=0, cohort="x"),
+        "c": QueueSpec("c", nominal_gpus=3, cohort="x"),
+    }
+    policy = QueuePolicy(quotas={"a": 0, "b": 0, "c": 3}, queues=queues)
+    assert quota_headroom(policy, {"b": 2, "c": 1}) == {"a": 0, "b": 0, "c": 2}
+    index = PendingIndex(policy)
+    two = [
+        QueuedJob(f"p{i}", GangRequest(f"p{i}", 1, 1), submitted_at=0.0, queue="b")
+        for i in range(2)
+    ]
+    for queued in two:
+        index.add(queued)
+    candidates = index.candidates(8, quota_headroom(policy, {"b": 2}), 8, {"b": 2})
+    assert [q.key for q in candidates] == ["p0", "p1"]
 
 
 SPEC = """nodePools:

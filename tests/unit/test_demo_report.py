@@ -1,0 +1,49 @@
+"""`gangshare demo`'s closing lines: where its metrics are, and figures read from them."""
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gangshare.demo import metrics_report
+from gangshare.extender.metrics import ExtenderMetrics
+from gangshare.operator.metrics import OperatorMetrics
+
+ENDPOINTS = {
+    "operator": "http://127.0.0.1:40001/metrics",
+    "extender": "http://127.0.0.1:40002/metrics",
+}
+
+
+def test_the_report_names_both_endpoints_and_reads_figures_from_them():
+    operator = OperatorMetrics(CollectorRegistry())
+    for queue, service_class, borrowed in [
+        ("prod", "Guaranteed", False),
+        ("prod", "Guaranteed", False),
+        ("research", "Guaranteed", False),
+        ("research", "Opportunistic", True),
+    ]:
+        operator.admitted(queue, service_class, borrowed, 1.0)
+    operator.preemptions.labels("research", "Reclaimed").inc()
+    extender = ExtenderMetrics(CollectorRegistry())
+    extender.requests.labels("filter", "ok").inc(7)
+    extender.requests.labels("bind", "ok").inc(4)
+    extender.requests.labels("bind", "error").inc()
+    scraped = {
+        "operator": generate_latest(operator.registry).decode(),
+        "extender": generate_latest(extender.registry).decode(),
+    }
+    assert metrics_report(ENDPOINTS, scraped).splitlines() == [
+        "metrics (Prometheus text format, served until the demo stops):",
+        "  operator http://127.0.0.1:40001/metrics",
+        "  extender http://127.0.0.1:40002/metrics",
+        "  admissions 3 Guaranteed, 1 Opportunistic (1 on borrowed quota), 1 preempted; "
+        "extender requests 5 bind, 7 filter",
+    ]
+
+
+def test_an_endpoint_that_cannot_be_read_is_said_so_and_the_urls_stay():
+    empty = generate_latest(OperatorMetrics(CollectorRegistry()).registry).decode()
+    report = metrics_report(ENDPOINTS, {"operator": empty, "extender": OSError("refused")})
+    assert report.splitlines()[1:] == [
+        "  operator http://127.0.0.1:40001/metrics",
+        "  extender http://127.0.0.1:40002/metrics",
+        "  admissions none (0 on borrowed quota), 0 preempted; unreadable extender: refused",
+    ]
