@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -86,10 +87,10 @@ def serve_synthetic(size: int, port: int) -> None:
 
 
 def http_latency(sizes: list[int], requests: int) -> None:
-    print("1. filter + prioritize over HTTP, all nodes named in each request, server in its own")
-    print(
-        "   process; between two pods one node changes (the last bind); cold = first pod, no memo"
-    )
+    print("1. filter (the shipped path: it answers only the best nodes) and prioritize (for a")
+    print("   configuration that still names it) over HTTP, all nodes named in each request,")
+    print("   server in its own process; between two pods one node changes (the last bind);")
+    print("   cold = first pod, no memo")
     print(
         f"{'nodes':>6} {'cold both':>10} {'filter p50':>11} {'filter p99':>11} {'prio p50':>9} "
         f"{'prio p99':>9} {'both p50':>9} {'both p99':>9}  (ms)"
@@ -156,15 +157,60 @@ def scheduler_config(
     return config
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and every descendant (a launcher's child is the work)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        todo.extend(children.get(current, []))
+    return total
+
+
+class CpuMeter:
+    """CPU seconds per component between two readings (first bind, last bind)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+
+    def read(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def per_pod_ms(self, pods: int) -> dict[str, float]:
+        return {
+            name: (self.last[name] - self.first[name]) * 1000 / max(1, pods - 1)
+            for name in self.pids
+        }
+
+
 class BindWatch:
     """Client-side bind times from a watch (sub-second, unlike the 1 s PodScheduled timestamps)."""
 
-    def __init__(self, kubeconfig: str, namespace: str, expected: int) -> None:
+    def __init__(
+        self, kubeconfig: str, namespace: str, expected: int, meter: CpuMeter | None = None
+    ) -> None:
         from kubernetes import client, config
 
         self.api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         self.namespace = namespace
         self.expected = expected
+        self.meter = meter
         self.bound: dict[str, float] = {}
         self.errors: list[str] = []
         self.done = threading.Event()
@@ -194,7 +240,11 @@ class BindWatch:
                         and pod["metadata"]["name"] not in self.bound
                     ):
                         self.bound[pod["metadata"]["name"]] = time.perf_counter()
+                        if self.meter is not None and len(self.bound) == 1:
+                            self.meter.first = self.meter.read()
                     if len(self.bound) >= self.expected:
+                        if self.meter is not None:
+                            self.meter.last = self.meter.read()
                         self.done.set()
                         return
             except Exception as err:  # keep watching; report what went wrong
@@ -209,8 +259,14 @@ class BindWatch:
 
 
 def one_run(
-    cluster: LocalCluster, kubectl: list[str], pods: int, extender_port: int | None, tag: str
-) -> float:
+    cluster: LocalCluster,
+    kubectl: list[str],
+    pods: int,
+    extender_port: int | None,
+    tag: str,
+    watched: dict[str, int],
+) -> tuple[float, dict[str, float]]:
+    """Pods/s from first to last bind, and CPU ms per pod of each watched process over it."""
     state = cluster.state
     assert state is not None
     name = f"bench-{tag}"
@@ -248,13 +304,15 @@ def one_run(
     config_path.write_text(
         yaml.safe_dump(scheduler_config(Path(state.kubeconfig), name, extender_port, template))
     )
-    binds = BindWatch(state.kubeconfig, namespace, pods)
+    meter = CpuMeter(dict(watched))
+    binds = BindWatch(state.kubeconfig, namespace, pods, meter)
     scheduler = processes.start(
         name,
         components.scheduler_argv(cluster.bins, cluster.layout, config_path, processes.free_port()),
         Path(state.logs),
         attached=True,
     )
+    meter.pids["kube-scheduler"] = scheduler.pid
     try:
         stamps = binds.wait(300)
     finally:
@@ -264,7 +322,7 @@ def one_run(
     )
     if len(stamps) < pods:
         raise SystemExit(f"{tag}: only {len(stamps)} of {pods} pods bound")
-    return (pods - 1) / (stamps[-1] - stamps[0])
+    return (pods - 1) / (stamps[-1] - stamps[0]), meter.per_pod_ms(pods)
 
 
 def start_extender(cluster: LocalCluster, port: int, scheduler_names: list[str]) -> Any:
@@ -328,16 +386,34 @@ def throughput(pods: int, rounds: int) -> None:
         extender_port = processes.free_port()
         extender = start_extender(cluster, extender_port, [f"bench-{t}" for t in ext_tags])
         rates: dict[bool, list[float]] = {False: [], True: []}
+        cpu: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        # Everything of the cluster that does work per pod, and the bench's own extender.
+        watched = {
+            name: pid
+            for name, pid in state.pids.items()
+            if name in ("kube-apiserver", "etcd", "kwok", "kube-controller-manager")
+        }
+        watched["cluster's extender"] = state.pids["gangshare-extender"]
         try:
             # warm-up, not counted: a fresh cluster's first burst is slow
-            one_run(cluster, kubectl, pods, None, "warmplain")
-            one_run(cluster, kubectl, pods, extender_port, "warmext")
+            one_run(cluster, kubectl, pods, None, "warmplain", watched)
+            one_run(
+                cluster,
+                kubectl,
+                pods,
+                extender_port,
+                "warmext",
+                {**watched, "extender": extender.pid},
+            )
             for round_ in range(rounds):
                 for with_extender in (False, True):
                     tag = f"{'ext' if with_extender else 'plain'}{round_}"
                     port = extender_port if with_extender else None
-                    rates[with_extender].append(one_run(cluster, kubectl, pods, port, tag))
-                    print(f"   run {tag:<7} {rates[with_extender][-1]:7.1f} pods/s")
+                    these = {**watched, "extender": extender.pid} if with_extender else watched
+                    rate, per_pod = one_run(cluster, kubectl, pods, port, tag, these)
+                    rates[with_extender].append(rate)
+                    cpu[with_extender].append(per_pod)
+                    print(f"   run {tag:<7} {rate:7.1f} pods/s")
         finally:
             processes.stop([extender])
         plain, ext = statistics.median(rates[False]), statistics.median(rates[True])
@@ -345,8 +421,28 @@ def throughput(pods: int, rounds: int) -> None:
         print(f"   with extender    {ext:7.1f} pods/s (median of {len(rates[True])})")
         cost = max(0.0, 1 - ext / plain)
         print(f"   ratio with/without: {ext / plain:.2f}  (extender cost {cost:.0%} of throughput)")
+        print_cpu_per_pod(cpu)
     finally:
         cluster.down()
+
+
+def print_cpu_per_pod(cpu: dict[bool, list[dict[str, float]]]) -> None:
+    """Median CPU ms per bound pod of each process, first bind to last bind."""
+    names = sorted({name for run in cpu[True] + cpu[False] for name in run})
+    print(f"\n   CPU ms per pod (median of runs)   {'without':>8} {'with':>8}")
+    totals = {False: 0.0, True: 0.0}
+    for name in names:
+        row = []
+        for mode in (False, True):
+            values = [run[name] for run in cpu[mode] if name in run]
+            if values:
+                median = statistics.median(values)
+                totals[mode] += median
+                row.append(f"{median:8.2f}")
+            else:
+                row.append(f"{'-':>8}")
+        print(f"   {name:<32} {' '.join(row)}")
+    print(f"   {'all of them':<32} {totals[False]:8.2f} {totals[True]:8.2f}")
 
 
 def main() -> None:
@@ -358,6 +454,7 @@ def main() -> None:
         "--rounds", type=int, default=3, help="measured runs per mode (after a warm-up)"
     )
     parser.add_argument("--skip-cluster", action="store_true")
+    parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument(
         "--serve", nargs=2, type=int, metavar=("NODES", "PORT"), help=argparse.SUPPRESS
     )
@@ -365,7 +462,8 @@ def main() -> None:
     if args.serve:
         serve_synthetic(*args.serve)
         return
-    http_latency(args.sizes, args.requests)
+    if not args.skip_latency:
+        http_latency(args.sizes, args.requests)
     if not args.skip_cluster:
         throughput(args.pods, args.rounds)
 

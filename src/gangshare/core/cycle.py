@@ -19,6 +19,7 @@ its live state. Same function, same decisions.
 
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -171,6 +172,10 @@ class _Cycle:
         # Shape and workers -> why it can never fit (None: it could), judged once per cycle.
         self.never: dict[tuple[object, ...], str | None] = {}
         self._free_gpus: int | None = None
+        # (expected end, GPUs) of every guaranteed job running or admitted in this cycle,
+        # sorted: built once, then kept as admissions add to it (backfill reserves for every
+        # blocked head, and rebuilding it each time made a large cycle quadratic).
+        self._ending: list[tuple[float, int]] | None = None
 
     def lane_priority(self, lane: list[QueuedJob]) -> tuple[object, ...]:
         """Heads within their quota first (least served first under fair share); then heads
@@ -264,6 +269,8 @@ class _Cycle:
             self.usage[job.queue] = self.usage.get(job.queue, 0) + job.gpus
             if self._free_gpus is not None:
                 self._free_gpus -= job.gpus
+            if self._ending is not None:
+                insort(self._ending, (self.now + self._estimate(job), job.gpus))
         self.result.admitted.append(Admission(job, plan, gang.service_class, borrowed))
         return True
 
@@ -353,29 +360,34 @@ class _Cycle:
             self._free_gpus = sum(node.free_guaranteed for node in self.cluster.nodes.values())
         return self._free_gpus
 
+    def _guaranteed_endings(self) -> list[tuple[float, int]]:
+        if self._ending is None:
+            ends = [
+                (
+                    job.expected_end
+                    if job.expected_end is not None
+                    else self.now + self.policy.default_runtime_seconds,
+                    job.gpus,
+                )
+                for job in self.running
+                if job.service_class is ServiceClass.GUARANTEED
+            ]
+            # Jobs admitted earlier in this cycle hold GPUs too, and free them by their estimate.
+            ends += [
+                (self.now + self._estimate(a.job), a.job.gpus)
+                for a in self.result.admitted
+                if a.service_class is ServiceClass.GUARANTEED
+            ]
+            self._ending = sorted(ends)
+        return self._ending
+
     def _reserve(self, head: QueuedJob) -> None:
         """Earliest time enough GPUs free up for the head, by running jobs' expected ends."""
         free = self._free_guaranteed_gpus()
         start = self.now
-        ends = [
-            (
-                job.expected_end
-                if job.expected_end is not None
-                else self.now + self.policy.default_runtime_seconds,
-                job.gpus,
-            )
-            for job in self.running
-            if job.service_class is ServiceClass.GUARANTEED
-        ]
-        # Jobs admitted earlier in this cycle hold GPUs too, and free them by their estimate.
-        ends += [
-            (self.now + self._estimate(a.job), a.job.gpus)
-            for a in self.result.admitted
-            if a.service_class is ServiceClass.GUARANTEED
-        ]
-        ending = sorted(ends)
-        for end, gpus in ending:
-            if free >= head.gpus:
+        needed = head.gpus
+        for end, gpus in self._guaranteed_endings():
+            if free >= needed:
                 break
             free += gpus
             start = max(start, end)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gangshare.core.job import GangRequest, ServiceClass
 from gangshare.core.queues import Ordering, QueueSpec, most_borrowable
@@ -34,8 +35,9 @@ class QueuedJob:
     def service_class(self) -> ServiceClass:
         return self.gang.service_class
 
-    @property
+    @cached_property
     def gpus(self) -> int:
+        # Read for every job at every step of a cycle (quota, backfill, reservations).
         return self.gang.total_gpus
 
 

@@ -1,10 +1,10 @@
 """The extender's HTTP surfaces: the verbs for kube-scheduler, and health and metrics apart.
 
 - `create_app`: POST /filter, /prioritize, /bind (plus /healthz and /readyz for the
-  scheduler's side). Meant to listen on loopback inside the scheduler pod; a caller
-  from any other address is refused unless TLS with client certificates
-  authenticates it (`trusted_peers=None`). Bind binds only what gangshare-scheduler
-  would: a pending, ungated GPU pod of gangshare's scheduler names.
+  scheduler's side), a bare ASGI application (asgi.py). Meant to listen on loopback
+  inside the scheduler pod; a caller from any other address is refused unless TLS with
+  client certificates authenticates it (`trusted_peers=None`). Bind binds only what
+  gangshare-scheduler would: a pending, ungated GPU pod of gangshare's scheduler names.
 - `create_ops_app`: GET /healthz, /readyz, /metrics, on its own port for probes and
   Prometheus; it has no verbs, so exposing it hands out nothing.
 
@@ -15,23 +15,36 @@ which kube-scheduler turns into a FailedScheduling event on the pod.
 
 from __future__ import annotations
 
-import json
+import asyncio
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
 
+from gangshare.extender.asgi import (
+    HttpError,
+    Receive,
+    Scope,
+    Send,
+    decode_json,
+    encode_json,
+    lifespan,
+    read_body,
+    respond,
+)
 from gangshare.extender.barrier import BARRIER_SECONDS, wait_for_gang
 from gangshare.extender.binder import Binder, BindError
 from gangshare.extender.cache import ClusterCache
 from gangshare.extender.decisions import (
     BadPod,
+    best_nodes,
     filter_nodes,
     gpus_for_bind,
     pod_ask,
@@ -43,50 +56,21 @@ from gangshare.extender.wire import (
     MAX_BODY_BYTES,
     ExtenderArgs,
     ExtenderBindingArgs,
+    WireError,
     filter_result,
     priority_json,
-    priority_list,
 )
 from gangshare.kube.claims import worker_identity
 
 log = logging.getLogger("gangshare.extender")
-Model = TypeVar("Model", bound=BaseModel)
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 VERBS = ("filter", "prioritize", "bind")
 DEFAULT_SCHEDULER_NAMES = frozenset({"gangshare-scheduler"})
-
-
-class RequestError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _field(location: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in location) or "body"
-
-
-async def read_model(request: Request, model: type[Model]) -> Model:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise RequestError(413, f"body: {declared} bytes is over the {MAX_BODY_BYTES}-byte limit")
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(413, f"body: {len(body)} bytes is over the {MAX_BODY_BYTES}-byte limit")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestError(400, f"body: not valid JSON ({err})") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise RequestError(422, f"{_field(first['loc'])}: {first['msg']}") from None
-
-
-def _pod_name(args: ExtenderArgs) -> str:
-    return f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+# Threads that make the verbs' API calls (binds, read-throughs). The Binder's connection pool
+# must be as large (main.py): a bind that finds no idle connection opens a new one, and a TLS
+# handshake costs more CPU, here and in kube-apiserver, than the whole bind otherwise does.
+API_WORKERS = 32
+Result = TypeVar("Result")
 
 
 def create_app(
@@ -98,156 +82,201 @@ def create_app(
     scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
     health: Health | None = None,
     gang_barrier_seconds: float = BARRIER_SECONDS,
-) -> FastAPI:
-    app = FastAPI(
-        title="gangshare scheduler extender", docs_url=None, redoc_url=None, openapi_url=None
+) -> VerbsApp:
+    return VerbsApp(
+        cache,
+        binder,
+        metrics,
+        record,
+        trusted_peers,
+        scheduler_names,
+        health or Health(cache),
+        gang_barrier_seconds,
     )
-    health = health or Health(cache)
 
-    if record is not None:
-        # Debugging aid (--record): keep the first body of each verb, as kube-scheduler sent it.
-        # Registered only when asked for: HTTP middleware costs every request. The file name
-        # comes from a fixed list, never from the request, so nothing lands outside `record`.
-        files = {f"/{verb}": record / f"{verb}-request.json" for verb in VERBS}
 
-        @app.middleware("http")
-        async def keep_first_request(request: Request, call_next: Any) -> Any:
-            target = files.get(request.url.path)
-            if request.method == "POST" and target is not None and not target.exists():
-                target.write_bytes(await request.body())
-            return await call_next(request)
+class VerbsApp:
+    """The verbs' ASGI application (see asgi.py for why it is not a framework's)."""
 
-    @app.exception_handler(RequestError)
-    async def rejected(request: Request, err: RequestError) -> JSONResponse:
-        verb = request.url.path.strip("/")
-        metrics.requests.labels(verb if verb in VERBS else "unknown", "rejected").inc()
-        return JSONResponse({"error": err.message}, status_code=err.status)
+    def __init__(
+        self,
+        cache: ClusterCache,
+        binder: Binder | None,
+        metrics: ExtenderMetrics,
+        record: Path | None,
+        trusted_peers: frozenset[str] | None,
+        scheduler_names: frozenset[str],
+        health: Health,
+        gang_barrier_seconds: float,
+    ) -> None:
+        self.cache = cache
+        self.binder = binder
+        self.metrics = metrics
+        self.trusted_peers = trusted_peers
+        self.scheduler_names = scheduler_names
+        self.health = health
+        self.gang_barrier_seconds = gang_barrier_seconds
+        self.api_calls = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="extender-api")
+        self.verbs: dict[str, Callable[[Any], Awaitable[tuple[Any, str]]]] = {
+            "/filter": self.filter,
+            "/prioritize": self.prioritize,
+            "/bind": self.bind,
+        }
+        # Debugging aid (--record): keep the first body of each verb, as kube-scheduler sent
+        # it. The file name comes from a fixed list, never from the request, so nothing lands
+        # outside `record`.
+        self.record = (
+            {f"/{verb}": record / f"{verb}-request.json" for verb in VERBS} if record else {}
+        )
 
-    def check_peer(request: Request) -> None:
-        peer = request.client.host if request.client else ""
-        if trusted_peers is not None and peer not in trusted_peers:
-            raise RequestError(
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path in HEALTH_PATHS:
+            status, payload = health_answer(path, self.cache, self.health)
+            await respond(send, status, encode_json(payload))
+            return
+        handler = self.verbs.get(path)
+        if handler is None or method != "POST":
+            status, problem = (404, "no such verb") if handler is None else (405, "use POST")
+            await respond(send, status, encode_json({"error": f"{method} {path}: {problem}"}))
+            return
+        verb, started = path[1:], time.perf_counter()
+        try:
+            self.check_peer(scope)
+            body = await read_body(scope, receive, MAX_BODY_BYTES)
+            target = self.record.get(path)
+            if target is not None and not target.exists():
+                target.write_bytes(body)
+            payload, result = await handler(decode_json(body))
+        except WireError as err:
+            self.metrics.requests.labels(verb, "rejected").inc()
+            await respond(send, 422, encode_json({"error": str(err)}))
+            return
+        except HttpError as err:
+            self.metrics.requests.labels(verb, "rejected").inc()
+            await respond(send, err.status, encode_json({"error": err.message}))
+            return
+        self.metrics.requests.labels(verb, result).inc()
+        self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        await respond(send, 200, payload if isinstance(payload, bytes) else encode_json(payload))
+
+    def check_peer(self, scope: Scope) -> None:
+        peer = (scope.get("client") or ("",))[0] or ""
+        if self.trusted_peers is not None and peer not in self.trusted_peers:
+            raise HttpError(
                 403,
                 f"client {peer or 'unknown'}: the extender's verbs answer only kube-scheduler "
                 "on loopback (or over TLS with a client certificate)",
             )
 
-    def answer(verb: str, started: float, payload: Any, result: str = "ok") -> Response:
-        metrics.requests.labels(verb, result).inc()
-        metrics.latency.labels(verb).observe(time.perf_counter() - started)
-        return payload if isinstance(payload, Response) else JSONResponse(payload)
+    async def off_loop(self, call: Callable[..., Result], *args: Any) -> Result:
+        """Blocking API calls run on the verbs' own threads, never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.api_calls, functools.partial(call, *args)
+        )
 
-    @app.post("/filter")
-    async def filter_(request: Request) -> Response:
-        started = time.perf_counter()
-        check_peer(request)
-        args = await read_model(request, ExtenderArgs)
-        names = args.node_names()
-        pod = args.Pod.model_dump()
+    async def filter(self, data: Any) -> tuple[Any, str]:
+        args = ExtenderArgs.parse(data)
+        names, pod, cache = args.node_names(), args.Pod, self.cache
         try:
-            if binder is not None and plan_unseen(cache, pod):
+            if self.binder is not None and plan_unseen(cache, pod):
                 # The plan may be committed but not yet watched: read it, do not wait minutes
                 # for kube-scheduler to retry an unschedulable pod.
-                await run_in_threadpool(read_plan_through, cache, binder, pod)
+                await self.off_loop(read_plan_through, cache, self.binder, pod)
             with cache.lock:
                 ask = pod_ask(pod, cache.ledger)
                 if ask is None:
-                    return answer("filter", started, filter_result(args, names, {}, {}))
+                    return filter_result(args, names, {}, {}), "ok"
                 passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names, cache.memo)
+                best = best_nodes(cache.cluster, ask, passed, cache.memo)
         except BadPod as err:
-            log.warning("filter %s: %s", _pod_name(args), err)
-            return answer(
-                "filter", started, filter_result(args, [], {}, {}, f"pod annotation {err}"), "error"
-            )
+            log.warning("filter %s: %s", args.pod_name, err)
+            return filter_result(args, [], {}, {}, f"pod annotation {err}"), "error"
         except Exception as err:
-            log.exception("filter %s failed", _pod_name(args))
-            return answer(
-                "filter",
-                started,
-                filter_result(args, [], {}, {}, f"internal error: {err}"),
-                "error",
-            )
-        metrics.nodes.labels("passed").inc(len(passed))
-        metrics.nodes.labels("failed").inc(len(failed))
-        metrics.nodes.labels("unresolvable").inc(len(unresolvable))
-        return answer("filter", started, filter_result(args, passed, failed, unresolvable))
+            log.exception("filter %s failed", args.pod_name)
+            return filter_result(args, [], {}, {}, f"internal error: {err}"), "error"
+        nodes = self.metrics.nodes
+        nodes.labels("passed").inc(len(passed))
+        nodes.labels("failed").inc(len(failed))
+        nodes.labels("unresolvable").inc(len(unresolvable))
+        return filter_result(args, best, failed, unresolvable), "ok"
 
-    @app.post("/prioritize")
-    async def prioritize(request: Request) -> Response:
-        started = time.perf_counter()
-        check_peer(request)
-        args = await read_model(request, ExtenderArgs)
-        names = args.node_names()
+    async def prioritize(self, data: Any) -> tuple[Any, str]:
+        args = ExtenderArgs.parse(data)
+        names, cache = args.node_names(), self.cache
         try:
             with cache.lock:
-                ask = pod_ask(args.Pod.model_dump(), cache.ledger)
+                ask = pod_ask(args.Pod, cache.ledger)
                 if ask is None:
-                    return answer("prioritize", started, priority_list([(n, 0) for n in names]))
+                    return priority_json([(n, 0) for n in names]), "ok"
                 scores = prioritize_nodes(cache.cluster, ask, names, cache.memo)
         except Exception:
             # Scores are advice: on failure every node scores 0 and filter/bind still decide.
-            log.exception("prioritize %s failed; scoring 0", _pod_name(args))
-            return answer("prioritize", started, priority_list([(n, 0) for n in names]), "error")
-        return answer(
-            "prioritize", started, Response(priority_json(scores), media_type="application/json")
-        )
+            log.exception("prioritize %s failed; scoring 0", args.pod_name)
+            return priority_json([(n, 0) for n in names]), "error"
+        return priority_json(scores), "ok"
 
-    @app.post("/bind")
-    async def bind(request: Request) -> Response:
-        started = time.perf_counter()
-        check_peer(request)
-        args = await read_model(request, ExtenderBindingArgs)
+    async def bind(self, data: Any) -> tuple[Any, str]:
+        args = ExtenderBindingArgs.parse(data)
         who = f"{args.PodNamespace}/{args.PodName}"
-        if binder is None:
-            return answer(
-                "bind", started, {"Error": "binding is disabled in this extender"}, "error"
-            )
+        if self.binder is None:
+            return {"Error": "binding is disabled in this extender"}, "error"
         try:
-            error = await run_in_threadpool(
-                _bind, cache, binder, args, scheduler_names, gang_barrier_seconds
+            error = await self.off_loop(
+                _bind,
+                self.cache,
+                self.binder,
+                args,
+                self.scheduler_names,
+                self.gang_barrier_seconds,
             )
         except Exception as err:
             log.exception("bind %s failed", who)
             error = f"internal error: {err}"
-        metrics.assumed.set(cache.assumed_count())
+        self.metrics.assumed.set(self.cache.assumed_count())
         if error:
             log.warning("bind %s to %s: %s", who, args.Node, error)
-        return answer("bind", started, {"Error": error}, "error" if error else "ok")
+        return {"Error": error}, "error" if error else "ok"
 
-    add_health_routes(app, cache, metrics, health, with_metrics=False)
-    return app
+
+HEALTH_PATHS = ("/healthz", "/readyz")
+
+
+def health_answer(path: str, cache: ClusterCache, health: Health) -> tuple[int, dict[str, Any]]:
+    if path == "/healthz":
+        problem = health.problem()
+        return (200, {"status": "ok"}) if problem is None else (503, {"status": problem})
+    if cache.ready:
+        return 200, {"status": "ready", "nodes": len(cache.cluster.nodes)}
+    return 503, {"status": "cache not synced yet"}
 
 
 def create_ops_app(cache: ClusterCache, metrics: ExtenderMetrics, health: Health) -> FastAPI:
     """Probes and Prometheus, on a port of their own: nothing here can place a pod."""
     app = FastAPI(title="gangshare extender (ops)", docs_url=None, redoc_url=None, openapi_url=None)
-    add_health_routes(app, cache, metrics, health, with_metrics=True)
-    return app
 
-
-def add_health_routes(
-    app: FastAPI, cache: ClusterCache, metrics: ExtenderMetrics, health: Health, with_metrics: bool
-) -> None:
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        problem = health.problem()
-        if problem is None:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": problem}, status_code=503)
+        status, payload = health_answer("/healthz", cache, health)
+        return JSONResponse(payload, status_code=status)
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        if cache.ready:
-            return JSONResponse({"status": "ready", "nodes": len(cache.cluster.nodes)})
-        return JSONResponse({"status": "cache not synced yet"}, status_code=503)
+        status, payload = health_answer("/readyz", cache, health)
+        return JSONResponse(payload, status_code=status)
 
-    if with_metrics:
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        metrics.cache_nodes.set(len(cache.cluster.nodes))
+        metrics.assumed.set(cache.assumed_count())
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-        @app.get("/metrics")
-        async def metrics_endpoint() -> Response:
-            metrics.cache_nodes.set(len(cache.cluster.nodes))
-            metrics.assumed.set(cache.assumed_count())
-            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return app
 
 
 def bind_refusal(pod: dict[str, Any], scheduler_names: frozenset[str]) -> str | None:

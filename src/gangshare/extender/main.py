@@ -100,7 +100,13 @@ def run_extender(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gangshare.core.clock import WallClock
-    from gangshare.extender.app import DEFAULT_SCHEDULER_NAMES, LOOPBACK, create_app, create_ops_app
+    from gangshare.extender.app import (
+        API_WORKERS,
+        DEFAULT_SCHEDULER_NAMES,
+        LOOPBACK,
+        create_app,
+        create_ops_app,
+    )
     from gangshare.extender.binder import Binder
     from gangshare.extender.cache import ClusterCache
     from gangshare.extender.health import Health
@@ -131,7 +137,8 @@ def run_extender(args: argparse.Namespace) -> int:
     metrics, health = ExtenderMetrics(), Health(cache)
     verbs = create_app(
         cache,
-        Binder(api_client),
+        # Its own client: the watches hold three of the shared one's connections for good.
+        Binder(connect(args.kubeconfig, pool_size=API_WORKERS)),
         metrics,
         args.record,
         trusted_peers=None if tls else LOOPBACK,

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gangshare.core.annotations import GPU_RESOURCE, SHARE_RESOURCE
 from gangshare.extender.cache import ClusterCache
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 
@@ -25,17 +26,31 @@ WATCH_TIMEOUT = (5.0, WATCH_SECONDS + 30.0)
 LIST_TIMEOUT = (5.0, 120.0)
 
 
-def _events(response: Any) -> Iterator[dict[str, Any]]:
-    """Watch events as plain dicts, straight from the stream (no client model objects)."""
+def _events(
+    response: Any, wanted: Callable[[bytes], bool] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Watch events as plain dicts, straight from the stream (no client model objects);
+    `wanted` skips an event line before it is decoded."""
     pending = b""
     for chunk in response.stream(amt=None, decode_content=True):
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            if line.strip():
+            if line.strip() and (wanted is None or wanted(line)):
                 yield json.loads(line)
-    if pending.strip():
+    if pending.strip() and (wanted is None or wanted(pending)):
         yield json.loads(pending)
+
+
+GPU_MARKERS = (f'"{GPU_RESOURCE}"'.encode(), f'"{SHARE_RESOURCE}"'.encode())
+OBJECT_EVENTS = (b'{"type":"ADDED"', b'{"type":"MODIFIED"', b'{"type":"DELETED"')
+
+
+def maybe_gpu_pod_event(line: bytes) -> bool:
+    """False for an event about a pod that requests no GPUs, which the cache ignores: most
+    pods of a cluster, and decoding each of their updates was most of the watch's CPU. A GPU
+    resource is immutable and always named in the object; bookmarks and errors always pass."""
+    return not line.startswith(OBJECT_EVENTS) or any(m in line for m in GPU_MARKERS)
 
 
 def _follow(
@@ -46,6 +61,7 @@ def _follow(
     stop: threading.Event,
     heard: Callable[[], None],
     missing_means_empty: bool = False,
+    wanted: Callable[[bytes], bool] | None = None,
 ) -> None:
     while not stop.is_set():
         try:
@@ -79,7 +95,7 @@ def _follow(
                 )
                 heard()
                 try:
-                    for event in _events(response):
+                    for event in _events(response, wanted):
                         heard()
                         kind, obj = event["type"], event["object"]
                         if kind == "ERROR":
@@ -128,11 +144,19 @@ def start_watches(
             cache.upsert_job(job)
 
     jobs = functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
-    follows: list[tuple[str, Callable[..., Any], Any, Any, bool]] = [
-        ("nodes", core.list_node, cache.replace_nodes, on_node, False),
-        ("pods", core.list_pod_for_all_namespaces, cache.replace_pods, on_pod, False),
+    Follow = tuple[str, Callable[..., Any], Any, Any, bool, Callable[[bytes], bool] | None]
+    follows: list[Follow] = [
+        ("nodes", core.list_node, cache.replace_nodes, on_node, False, None),
+        (
+            "pods",
+            core.list_pod_for_all_namespaces,
+            cache.replace_pods,
+            on_pod,
+            False,
+            maybe_gpu_pod_event,
+        ),
         # Admitted gangs' plans, so the ledger holds them before their pods exist.
-        ("trainingjobs", jobs, cache.replace_jobs, on_job, True),
+        ("trainingjobs", jobs, cache.replace_jobs, on_job, True, None),
     ]
     threads = [
         threading.Thread(
@@ -145,11 +169,12 @@ def start_watches(
                 stop,
                 functools.partial(cache.heard_from, name),
                 missing,
+                wanted,
             ),
             name=f"watch-{name}",
             daemon=True,
         )
-        for name, call, replace, apply, missing in follows
+        for name, call, replace, apply, missing, wanted in follows
     ]
     for thread in threads:
         thread.start()

@@ -32,6 +32,9 @@ from gangshare.kube.claims import (
 )
 from gangshare.kube.holding import hold_claim
 
+# Stands for a pod the ledger has no facts for (None means it has: none).
+_UNSEEN: object = object()
+
 
 class Ledger:
     def __init__(self) -> None:
@@ -160,7 +163,10 @@ class Ledger:
         meta = pod.get("metadata") or {}
         owner = pod_owner(meta.get("namespace", "default"), meta.get("name", ""))
         facts, warning = pod_facts(pod)
-        self._replace_pod(owner, facts)
+        if facts != self._pods.get(owner, _UNSEEN):
+            # Most pod updates (status, conditions, the kubelet's reports) change nothing the
+            # ledger holds; re-deriving the job's claims for each was the watch's main cost.
+            self._replace_pod(owner, facts)
         return warning
 
     def remove_pod(self, namespace: str, name: str) -> None:

@@ -49,7 +49,9 @@ class TimeoutApiClient(client.ApiClient):
         return super().call_api(*args, **kwargs)
 
 
-def connect(kubeconfig: str | None) -> client.ApiClient:
+def connect(kubeconfig: str | None, pool_size: int | None = None) -> client.ApiClient:
+    """An API client; `pool_size` keeps that many connections open for reuse (the default,
+    5 per CPU, is for a few threads)."""
     configuration = client.Configuration()
     if kubeconfig:
         config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -60,6 +62,8 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
     return TimeoutApiClient(configuration=configuration)
 
 

@@ -7,7 +7,10 @@ from helpers import cache_with, gpu_pod, node_objects, trainingjob, worker
 
 from gangshare.core.annotations import NODE_UTILIZATION, encode_utilization
 from gangshare.extender.decisions import (
+    MAX_BEST_NODES,
     BadPod,
+    NodeMemo,
+    best_nodes,
     filter_nodes,
     gpus_for_bind,
     pod_ask,
@@ -118,6 +121,20 @@ def test_other_pods_are_filtered_and_scored_best_fit():
     assert unresolvable == {"cpu-node": "no GPUs known to gangshare on this node"}
     scores = dict(prioritize_nodes(cache.cluster, ask, passed))
     assert scores["n-1"] > scores["n-2"]
+    # Filter's answer is the best fit alone: no prioritize round trip is needed to pick it.
+    assert best_nodes(cache.cluster, ask, passed, NodeMemo()) == ["n-1"]
+
+
+def test_filter_keeps_every_node_tied_at_the_best_score_up_to_a_bound():
+    many = {"nodePools": [{"name": "t", "count": MAX_BEST_NODES + 4, "gpusPerNode": 4}]}
+    cache = cache_with(many, [gpu_pod("a", 1, node="t-3")])
+    ask = ask_for(cache, gpu_pod("new", 1))
+    names = [f"t-{i}" for i in range(MAX_BEST_NODES + 4)]
+    passed, _, _ = filter_nodes(cache.cluster, ask, names)
+    assert best_nodes(cache.cluster, ask, passed) == ["t-3"]
+    cache.delete_pod("default", "a")
+    tied = best_nodes(cache.cluster, ask, passed)
+    assert tied == names[:MAX_BEST_NODES]
 
 
 def test_bind_takes_one_whole_nvlink_island():
@@ -150,6 +167,7 @@ def test_opportunistic_pods_follow_published_utilization():
     )
     scores = dict(prioritize_nodes(cache.cluster, ask, ["u-0", "u-1"]))
     assert scores["u-1"] > scores["u-0"]
+    assert best_nodes(cache.cluster, ask, ["u-0", "u-1"]) == ["u-1"]
     assert gpus_for_bind(cache.cluster, ask, "u-1") == (0,)
     # A new report moves the least-loaded GPU; the cache refreshes in place.
     nodes[1]["metadata"]["annotations"][NODE_UTILIZATION] = encode_utilization(
