@@ -37,7 +37,7 @@ from gangshare.core.job import ServiceClass
 from gangshare.dev import binaries, components, processes
 from gangshare.dev.cli import load_nodes
 from gangshare.dev.cluster import LocalCluster
-from gangshare.extender.app import create_app
+from gangshare.extender.app import VerbsApp
 from gangshare.extender.cache import ClusterCache
 from gangshare.extender.metrics import ExtenderMetrics
 from placement import half_full_cluster
@@ -63,7 +63,7 @@ def serve_synthetic(size: int, port: int) -> None:
     gc.collect()
     gc.freeze()  # as `gangshare extender` does after each cache (re)list
     # Loopback peers only (the default), as kube-scheduler in the same pod calls it.
-    app = create_app(cache, None, ExtenderMetrics())
+    app = VerbsApp(cache, None, ExtenderMetrics())
     names = list(cache.cluster.nodes)
     rng = random.Random(11)
     counter = iter(range(10**9))

@@ -28,9 +28,9 @@ from prometheus_process import PrometheusProcess
 import dashboards
 from gangshare.dev.processes import free_port
 from kube import ChildProcess, Kube, NodePool, OperatorProcess, eventually
+from tj import create, status, trainingjob
 
 pytestmark = pytest.mark.e2e
-GROUP, VERSION = "gangshare.io", "v1alpha1"
 PANEL_PNG = dashboards.ROOT / "docs" / "img" / "queues-panel.png"
 
 # The node agent's coordinator series exist only once it has an opportunistic pod to cap, and it
@@ -93,57 +93,37 @@ def prometheus_binary(kube: Kube) -> Path:
     return binary
 
 
-def submit(kube: Kube, namespace: str, name: str, workers: int, gpus: int, **spec: Any) -> None:
-    """A TrainingJob whose KWOK workers run for `run_for` and exit with `exit_code`."""
-    run = {"gangshare.io/kwok-run-for": spec.pop("run_for", "2s")}
-    run["gangshare.io/kwok-exit-code"] = spec.pop("exit_code", "0")
-    container = {"name": "trainer", "image": "example.invalid/train:1"}
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workers": workers,
-            "gpusPerWorker": gpus,
-            **spec,
-            "template": {"metadata": {"annotations": run}, "spec": {"containers": [container]}},
-        },
-    }
-    kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", body)
-
-
-def job_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    job = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", name)
-    return dict(job.get("status") or {})
-
-
 def run_workload(kube: Kube, namespace: str, pool: NodePool, lender: str, borrower: str) -> None:
     """Borrow, reclaim, requeue, a user error: until every job has finished."""
     model = pool.model
 
     def phase(name: str) -> str | None:
-        return job_status(kube, namespace, name).get("phase")
+        return status(kube, namespace, name).get("phase")
 
-    submit(kube, namespace, "gang", 2, 4, run_for="10s", queue=borrower, gpuModel=model)
+    create(
+        kube, namespace, trainingjob("gang", 2, 4, run_for="10s", queue=borrower, gpuModel=model)
+    )
     eventually(
         lambda: phase("gang") == "Running",
         timeout=90,
         what="the 2x4 gang running on quota borrowed from the cohort",
     )
-    assert job_status(kube, namespace, "gang").get("borrowed") is True
-    submit(kube, namespace, "reclaim", 1, 4, run_for="3s", queue=lender, gpuModel=model)
+    assert status(kube, namespace, "gang").get("borrowed") is True
+    create(
+        kube, namespace, trainingjob("reclaim", 1, 4, run_for="3s", queue=lender, gpuModel=model)
+    )
     eventually(
-        lambda: (job_status(kube, namespace, "gang").get("preemptions") or 0) >= 1,
+        lambda: (status(kube, namespace, "gang").get("preemptions") or 0) >= 1,
         timeout=60,
         what="the borrowing gang evicted when the lender needs its quota",
     )
-    submit(kube, namespace, "crash", 1, 1, exit_code="1", queue=lender, gpuModel=model)
+    create(kube, namespace, trainingjob("crash", 1, 1, exit_code="1", queue=lender, gpuModel=model))
     for name, end in (("reclaim", "Succeeded"), ("crash", "Failed"), ("gang", "Succeeded")):
         eventually(
             lambda n=name: phase(n) in ("Succeeded", "Failed"), timeout=120, what=f"{name} done"
         )
-        assert phase(name) == end, job_status(kube, namespace, name)
-    failure = job_status(kube, namespace, "crash").get("lastFailure") or {}
+        assert phase(name) == end, status(kube, namespace, name)
+    failure = status(kube, namespace, "crash").get("lastFailure") or {}
     assert failure.get("class") == "User", failure
 
 

@@ -1,6 +1,6 @@
 """The extender's HTTP surfaces: the verbs for kube-scheduler, and health and metrics apart.
 
-- `create_app`: POST /filter, /prioritize, /bind (plus /healthz and /readyz for the
+- `VerbsApp`: POST /filter, /prioritize, /bind (plus /healthz and /readyz for the
   scheduler's side), a bare ASGI application (asgi.py). Meant to listen on loopback
   inside the scheduler pod; a caller from any other address is refused unless TLS with
   client certificates authenticates it (`trusted_peers=None`). Bind binds only what
@@ -73,28 +73,6 @@ API_WORKERS = 32
 Result = TypeVar("Result")
 
 
-def create_app(
-    cache: ClusterCache,
-    binder: Binder | None,
-    metrics: ExtenderMetrics,
-    record: Path | None = None,
-    trusted_peers: frozenset[str] | None = LOOPBACK,
-    scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
-    health: Health | None = None,
-    gang_barrier_seconds: float = BARRIER_SECONDS,
-) -> VerbsApp:
-    return VerbsApp(
-        cache,
-        binder,
-        metrics,
-        record,
-        trusted_peers,
-        scheduler_names,
-        health or Health(cache),
-        gang_barrier_seconds,
-    )
-
-
 class VerbsApp:
     """The verbs' ASGI application (see asgi.py for why it is not a framework's)."""
 
@@ -103,18 +81,18 @@ class VerbsApp:
         cache: ClusterCache,
         binder: Binder | None,
         metrics: ExtenderMetrics,
-        record: Path | None,
-        trusted_peers: frozenset[str] | None,
-        scheduler_names: frozenset[str],
-        health: Health,
-        gang_barrier_seconds: float,
+        record: Path | None = None,
+        trusted_peers: frozenset[str] | None = LOOPBACK,
+        scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
+        health: Health | None = None,
+        gang_barrier_seconds: float = BARRIER_SECONDS,
     ) -> None:
         self.cache = cache
         self.binder = binder
         self.metrics = metrics
         self.trusted_peers = trusted_peers
         self.scheduler_names = scheduler_names
-        self.health = health
+        self.health = health or Health(cache)
         self.gang_barrier_seconds = gang_barrier_seconds
         self.api_calls = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="extender-api")
         self.verbs: dict[str, Callable[[Any], Awaitable[tuple[Any, str]]]] = {

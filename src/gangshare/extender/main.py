@@ -104,7 +104,7 @@ def run_extender(args: argparse.Namespace) -> int:
         API_WORKERS,
         DEFAULT_SCHEDULER_NAMES,
         LOOPBACK,
-        create_app,
+        VerbsApp,
         create_ops_app,
     )
     from gangshare.extender.binder import Binder
@@ -135,7 +135,7 @@ def run_extender(args: argparse.Namespace) -> int:
         args.record.mkdir(parents=True, exist_ok=True)
     tls = args.tls_cert is not None
     metrics, health = ExtenderMetrics(), Health(cache)
-    verbs = create_app(
+    verbs = VerbsApp(
         cache,
         # Its own client: the watches hold three of the shared one's connections for good.
         Binder(connect(args.kubeconfig, pool_size=API_WORKERS)),

@@ -160,12 +160,9 @@ def filter_result(
     return result
 
 
-def priority_list(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    return [{"Host": host, "Score": score} for host, score in scores]
-
-
 def priority_json(scores: list[tuple[str, int]]) -> bytes:
-    """priority_list as JSON, written directly: a third of json.dumps's time on 5,000 nodes."""
+    """The HostPriorityList answer ([{"Host", "Score"}]) as JSON, written directly: a third of
+    json.dumps's time on 5,000 nodes."""
     items = [
         f'{{"Host":{encode_basestring_ascii(host)},"Score":{int(score)}}}' for host, score in scores
     ]

@@ -57,11 +57,7 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
             "metadata.name: must be a DNS-1123 label (at most 63 lowercase letters, digits and "
             f"'-', starting and ending with a letter or digit), got {name!r}"
         )
-    spec = obj.get("spec")
-    if spec is None:
-        spec = {}
-    if not isinstance(spec, Mapping):
-        raise InvalidSpec(f"spec: must be an object, got {spec!r}")
+    spec = _section(obj, "spec", "spec")
 
     nominal = _integer(spec, "nominalGPUs", "spec.nominalGPUs", 0, MAX_GPUS)
     borrowing = _integer(spec, "borrowingLimitGPUs", "spec.borrowingLimitGPUs", 0, MAX_GPUS)
@@ -79,11 +75,7 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
             f"idle quota), got {lending} with nominalGPUs {nominal}"
         )
 
-    sizes = spec.get("jobSizes")
-    if sizes is None:
-        sizes = {}
-    if not isinstance(sizes, Mapping):
-        raise InvalidSpec(f"spec.jobSizes: must be an object, got {sizes!r}")
+    sizes = _section(spec, "jobSizes", "spec.jobSizes")
     min_gpus = _integer(sizes, "minGPUs", "spec.jobSizes.minGPUs", 1, MAX_GPUS)
     min_gpus = 1 if min_gpus is None else min_gpus
     max_gpus = _integer(sizes, "maxGPUs", "spec.jobSizes.maxGPUs", 1, MAX_GPUS)
@@ -110,6 +102,16 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
         max_priority=_integer(spec, "maxPriority", "spec.maxPriority", -MAX_PRIORITY, MAX_PRIORITY),
         default_runtime_seconds=float(runtime) if runtime is not None else None,
     )
+
+
+def _section(fields: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    """An optional object field: {} when absent."""
+    value = fields.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{path}: must be an object, got {value!r}")
+    return value
 
 
 def _is_label(value: str) -> bool:

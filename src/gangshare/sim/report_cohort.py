@@ -168,6 +168,16 @@ def gap_table(
     return lines
 
 
+def plot_links(name: str) -> list[str]:
+    """The experiment's three figures as report.py writes them, linked from the Markdown."""
+    return [
+        f"![JCT CDF](results/{name}-jct-cdf.png)",
+        f"![queueing-delay CDF](results/{name}-queueing-cdf.png)",
+        f"![utilization over time](results/{name}-utilization.png)",
+        "",
+    ]
+
+
 def _para(text: str) -> list[str]:
     return [*textwrap.wrap(text, width=92, break_long_words=False, break_on_hyphens=False), ""]
 
@@ -291,10 +301,5 @@ def cohort_section(outcome: Outcome | None) -> list[str]:
     lines += ["Over the whole replay:", "", *utilization_table(outcome.results), ""]
     lines += ["By class:", "", *class_table(outcome.results), ""]
     if outcome.experiment.plotted is not None:
-        lines += [
-            f"![JCT CDF](results/{name}-jct-cdf.png)",
-            f"![queueing-delay CDF](results/{name}-queueing-cdf.png)",
-            f"![utilization over time](results/{name}-utilization.png)",
-            "",
-        ]
+        lines += plot_links(name)
     return lines

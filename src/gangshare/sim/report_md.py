@@ -13,7 +13,7 @@ from gangshare.core.coordinator import ControlParams
 from gangshare.sim.engine import SimConfig
 from gangshare.sim.outputs import class_table, jct_table, speed_table, utilization_table
 from gangshare.sim.policy import __doc__ as POLICY_DOC
-from gangshare.sim.report_cohort import cohort_section
+from gangshare.sim.report_cohort import cohort_section, plot_links
 from gangshare.sim.report_compare import (
     antman_section,
     by_policy,
@@ -121,12 +121,7 @@ def experiment_section(outcome: Outcome, heading: str, plots: bool) -> list[str]
         lines += ["By class (sharing runs):", "", *class_table(shared), ""]
         lines += makespan_note(results)
     if plots:
-        lines += [
-            f"![JCT CDF](results/{name}-jct-cdf.png)",
-            f"![queueing-delay CDF](results/{name}-queueing-cdf.png)",
-            f"![utilization over time](results/{name}-utilization.png)",
-            "",
-        ]
+        lines += plot_links(name)
     return lines
 
 

@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 from helpers import FakeBinder, cache_with, gpu_pod, recorded, trainingjob, worker
 
 from gangshare.core.clock import ManualClock
-from gangshare.extender.app import create_app, create_ops_app
+from gangshare.extender.app import VerbsApp, create_ops_app
 from gangshare.extender.cache import ClusterCache
 from gangshare.extender.health import Health
 from gangshare.extender.metrics import ExtenderMetrics
@@ -27,7 +27,7 @@ H100 = {
 def client_for(cache, pods=None, peer="127.0.0.1"):
     """A client that calls from `peer`, as kube-scheduler beside the extender does (loopback)."""
     binder = FakeBinder(pods or {})
-    app = create_app(cache, binder, ExtenderMetrics())  # type: ignore[arg-type]
+    app = VerbsApp(cache, binder, ExtenderMetrics())  # type: ignore[arg-type]
     return TestClient(app, client=(peer, 50000)), binder
 
 
@@ -145,7 +145,7 @@ def test_a_pod_with_a_broken_annotation_is_answered_with_error_not_a_crash():
 def test_readiness_waits_for_the_cache_and_metrics_are_exported():
     cold = ClusterCache(ManualClock())
     metrics = ExtenderMetrics()
-    client = TestClient(create_app(cold, None, metrics), client=("127.0.0.1", 1))
+    client = TestClient(VerbsApp(cold, None, metrics), client=("127.0.0.1", 1))
     ops = TestClient(create_ops_app(cold, metrics, Health(cold)), client=("10.0.0.9", 1))
     assert client.get("/healthz").status_code == 200
     for surface in (client, ops):
@@ -214,7 +214,7 @@ def test_record_writes_only_its_fixed_files_inside_its_folder(tmp_path):
     folder = tmp_path / "a" / "b" / "record"
     folder.mkdir(parents=True)
     cache = cache_with(H100)
-    app = create_app(cache, None, ExtenderMetrics(), record=folder)
+    app = VerbsApp(cache, None, ExtenderMetrics(), record=folder)
     client = TestClient(app, client=("127.0.0.1", 1))
     client.post("/filter", json=recorded("filter"))
     for path in ("/..%2fescaped", "/..%2f..%2fescaped", "/%2e%2e%2fescaped", "/x%2f..%2f..%2fy"):
@@ -281,7 +281,7 @@ def test_a_gang_worker_binds_only_once_every_sibling_exists_ungated():
     second["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
     cache.upsert_pod(first)
     binder = FakeBinder({})
-    app = create_app(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
+    app = VerbsApp(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
     client = TestClient(app, client=("127.0.0.1", 50000))
     body = {"PodName": "llm-worker-0", "PodNamespace": "default", "PodUID": "uid-llm-worker-0"}
 
@@ -312,7 +312,7 @@ def test_a_sibling_that_already_ran_to_completion_does_not_hold_its_gang_back():
     done["status"]["phase"] = "Succeeded"
     cache.upsert_pod(done)
     binder = FakeBinder({})
-    app = create_app(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
+    app = VerbsApp(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
     client = TestClient(app, client=("127.0.0.1", 50000))
     body = {"PodName": "llm-worker-0", "PodNamespace": "default", "PodUID": "uid-llm-worker-0"}
     assert client.post("/bind", json={**body, "Node": "h100-0"}).json()["Error"] == ""

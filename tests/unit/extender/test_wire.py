@@ -1,5 +1,7 @@
 """The protocol reads what kube-scheduler really sends and answers with Go field names."""
 
+import json
+
 import pytest
 from helpers import recorded
 
@@ -8,7 +10,7 @@ from gangshare.extender.wire import (
     ExtenderBindingArgs,
     WireError,
     filter_result,
-    priority_list,
+    priority_json,
 )
 
 
@@ -50,8 +52,8 @@ def test_filter_result_echoes_nodes_when_the_scheduler_sent_full_objects():
     assert result["NodeNames"] is None
 
 
-def test_priority_list_shape():
-    assert priority_list([("a", 7)]) == [{"Host": "a", "Score": 7}]
+def test_priority_answer_shape():
+    assert json.loads(priority_json([("a", 7)])) == [{"Host": "a", "Score": 7}]
 
 
 @pytest.mark.parametrize(
