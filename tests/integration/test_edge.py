@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
-from tj import GROUP, PLURAL, VERSION, create, phase_is, trainingjob
 
 from kube import Kube, OperatorProcess, eventually
+from tj import GROUP, PLURAL, VERSION, create, phase_is, trainingjob
 
 pytestmark = pytest.mark.integration
 

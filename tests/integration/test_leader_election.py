@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tj import create, job_pods, partial_gangs, phase_is, status, trainingjob
 
 from gangshare.operator.leader import LEASE_DURATION_SECONDS, RETRY_INTERVAL_SECONDS
 from kube import Kube, OperatorProcess, eventually
+from tj import create, job_pods, partial_gangs, phase_is, status, trainingjob
 
 pytestmark = pytest.mark.integration
 H100 = "NVIDIA-H100-80GB-HBM3"

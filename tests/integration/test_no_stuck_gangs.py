@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tj import create, job_pods, phase_is, status, trainingjob
 
 from kube import Kube, NodePool, OperatorProcess, eventually
+from tj import create, job_pods, phase_is, status, trainingjob
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tj import create, gpus_bound_per_node, job_pods, partial_gangs, phase_is, status, trainingjob
 
 from kube import Kube, OperatorProcess, eventually
+from tj import create, gpus_bound_per_node, job_pods, partial_gangs, phase_is, status, trainingjob
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from test_no_stuck_gangs import reasons_of
-from tj import create, job_pods, phase_is, status, trainingjob
 
 from kube import Kube, NodePool, OperatorProcess, eventually
+from tj import create, job_pods, phase_is, status, trainingjob
 
 pytestmark = pytest.mark.integration
 GROUP, VERSION = "gangshare.io", "v1alpha1"
