@@ -220,7 +220,7 @@ class BindWatch:
         self.thread.start()
 
     def _run(self) -> None:
-        from gangshare.extender.watch import _events
+        from gangshare.kube.follow import watch_events
 
         deadline = time.monotonic() + 300
         while not self.done.is_set() and time.monotonic() < deadline:
@@ -232,7 +232,7 @@ class BindWatch:
                     timeout_seconds=60,
                     _preload_content=False,
                 )
-                for event in _events(response):
+                for event in watch_events(response):
                     pod = event["object"]
                     self.version = pod["metadata"].get("resourceVersion", self.version)
                     if (

@@ -149,6 +149,42 @@ def test_three_competing_gangs_never_run_partially_and_all_finish(
     assert waits[-1] > 3  # the last gang really waited for the others
 
 
+def test_a_burst_of_jobs_is_admitted_from_the_stores_without_promising_a_gpu_twice(
+    operator: OperatorProcess, namespace: str
+):
+    """Passes read watch-fed stores and write admissions side by side: the invariant end to
+    end (the assumed-write rule itself is unit-tested in test_scheduler_pass.py)."""
+    kube = operator.kube
+    names = [f"burst-{i}" for i in range(40)]  # 1 GPU each on the 4 H100 nodes' 32 GPUs
+    for name in names:
+        create(kube, namespace, trainingjob(name, 1, 1, run_for="120s", gpuModel=H100))
+    holding = ("Admitted", "Running")
+    deadline, jobs = time.monotonic() + 90, []
+    while time.monotonic() < deadline:
+        listed = kube.custom.list_namespaced_custom_object(
+            "gangshare.io", "v1alpha1", namespace, "trainingjobs"
+        )
+        jobs = [j.get("status") or {} for j in listed["items"]]
+        promised = [
+            (w["node"], gpu)
+            for s in jobs
+            if s.get("phase") in holding
+            for w in s.get("placement") or []
+            for gpu in w["gpus"]
+        ]
+        assert len(promised) == len(set(promised)), sorted(promised)
+        waiting = [s for s in jobs if s.get("phase") == "Queued"]
+        if len(promised) == 32 and all("waiting for" not in s["message"] for s in waiting):
+            break
+        time.sleep(0.2)
+    assert sum(s.get("phase") in holding for s in jobs) == 32, operator.logs()[-3000:]
+    waiting = [s for s in jobs if s.get("phase") == "Queued"]
+    assert len(waiting) == 8
+    # Each waiting job was told why (the first reason, "waiting for ...", was the enqueue's).
+    reasons = {c["reason"] for s in waiting for c in s["conditions"] if c["type"] == "Admitted"}
+    assert reasons <= {"Unschedulable", "WaitingInQueue"} and reasons, reasons
+
+
 def test_a_lost_worker_restarts_the_whole_gang(operator: OperatorProcess, namespace: str):
     kube = operator.kube
     create(kube, namespace, trainingjob("resilient", 2, 1, run_for="4s"))

@@ -7,6 +7,7 @@ GPU assignment. Decoding errors name the annotation they came from.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -83,16 +84,11 @@ def _loads(key: str, raw: str) -> Any:
         raise AnnotationError(f"{key}: not valid JSON ({err})") from None
 
 
-def decode_node(
-    name: str,
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-    unschedulable_reason: str | None = None,
-) -> NodeState | None:
-    """A NodeState from a Node's labels and annotations; None for a node without GPUs."""
-    raw = annotations.get(NODE_TOPOLOGY)
-    if raw is None:
-        return None
+@functools.lru_cache(maxsize=1 << 16)
+def _topology(raw: str) -> tuple[tuple[Gpu, ...], int, tuple[Island, ...]]:
+    """A topology annotation's GPUs (by index), share slots and islands. Memoized: every
+    scheduling pass decodes every node, and a node's topology almost never changes (the
+    parts are immutable; the per-pass GpuStates are built fresh from them)."""
     doc = _loads(NODE_TOPOLOGY, raw)
     try:
         gpus = [
@@ -107,7 +103,26 @@ def decode_node(
         ]
         slots = int(doc.get("shareSlots", DEFAULT_SHARE_SLOTS))
         islands = normalize_islands((g.index for g in gpus), doc.get("nvlinkIslands", []))
-        states = [GpuState(g, share_slots=slots) for g in sorted(gpus, key=lambda g: g.index)]
+    except (KeyError, TypeError, ValueError) as err:
+        raise AnnotationError(f"{NODE_TOPOLOGY}: {err}") from None
+    return tuple(sorted(gpus, key=lambda g: g.index)), slots, islands
+
+
+def decode_node(
+    name: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    unschedulable_reason: str | None = None,
+) -> NodeState | None:
+    """A NodeState from a Node's labels and annotations; None for a node without GPUs."""
+    raw = annotations.get(NODE_TOPOLOGY)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise AnnotationError(f"{NODE_TOPOLOGY}: not a string")
+    gpus, slots, islands = _topology(raw)
+    try:
+        states = [GpuState(g, share_slots=slots) for g in gpus]
         node = NodeState(
             name, states, islands, labels.get(RACK_LABEL, ""), dict(labels), unschedulable_reason
         )

@@ -11,6 +11,7 @@ import kopf
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
+from gangshare.operator.lifecycle import job_event_needs_reconcile
 from gangshare.operator.reconcile import Reconciler
 from gangshare.operator.scheduler import SchedulerLoop
 
@@ -24,8 +25,8 @@ def build_registry(
     leading: Callable[[], bool] = lambda: True,
 ) -> kopf.OperatorRegistry:
     """`leading`: whether this replica holds the leader Lease. A standby's watches keep running
-    (a new leader needs no warm-up: its first pass resyncs every job), but its handlers act on
-    nothing."""
+    (a new leader needs no warm-up: its passes resync every job nobody reconciled lately, a few
+    per pass), but its handlers act on nothing."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -60,10 +61,12 @@ def build_registry(
             log.exception("reconcile of %s/%s failed; will retry", namespace, name)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+    def job_event(
+        type: str, name: str, namespace: str | None, body: Mapping[str, Any], **_: Any
+    ) -> None:
         if not leading():
             return
-        if type != "DELETED" and namespace:
+        if type != "DELETED" and namespace and job_event_needs_reconcile(dict(body)):
             reconcile_quietly(namespace, name)
         loop.poke()
 

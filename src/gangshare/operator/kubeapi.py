@@ -10,6 +10,7 @@ import json
 import logging
 import socket
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -74,6 +75,8 @@ class KubeApi:
         self.events = client.EventsV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        # Told every TrainingJob as a status write returned it (the informers assume it).
+        self.on_job_written: Callable[[dict[str, Any]], None] | None = None
 
     # ----- reads ------------------------------------------------------------------
 
@@ -213,6 +216,8 @@ class KubeApi:
             if err.status in (404, 409):
                 raise Conflict(f"{meta['namespace']}/{meta['name']} changed; will retry") from None
             raise
+        if self.on_job_written is not None:
+            self.on_job_written(patched)
         return patched
 
     def create(self, kind: str, namespace: str, body: dict[str, Any]) -> bool:

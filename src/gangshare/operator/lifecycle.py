@@ -95,6 +95,19 @@ def detect_actions(
     return actions
 
 
+def job_event_needs_reconcile(job: dict[str, Any]) -> bool:
+    """Whether a TrainingJob's own watch event can give the reconciler work. A Queued job
+    whose status is current has none: its pods (of an earlier attempt) send their own events,
+    and each pending-reason write would otherwise cost a reconcile (three reads) per job."""
+    meta = job.get("metadata") or {}
+    status = job.get("status") or {}
+    return (
+        status.get("phase") != "Queued"
+        or bool(meta.get("deletionTimestamp"))
+        or status.get("observedGeneration") != meta.get("generation")
+    )
+
+
 # ----- phases ------------------------------------------------------------------------------------
 
 

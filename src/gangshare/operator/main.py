@@ -146,6 +146,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from gangshare.operator.handlers import build_registry
+    from gangshare.operator.informers import Informers
     from gangshare.operator.kubeapi import KubeApi, connect
     from gangshare.operator.leader import LeaderElector
     from gangshare.operator.lifecycle import Limits
@@ -195,8 +196,20 @@ def run_operator(args: argparse.Namespace) -> int:
         )
     metrics.leader.set_function(lambda: float(leading()))
     reconciler = Reconciler(api, clock, options, metrics)
+    # The loop reads from watch-fed stores; a standby keeps them warm too, so a new leader's
+    # first pass needs no listing.
+    informers, watching = Informers(), threading.Event()
+    informers.start(connect(args.kubeconfig), watching)
+    api.on_job_written = informers.jobs.assume
     loop = SchedulerLoop(
-        api, reconciler, policy, clock, args.cycle_interval, metrics=metrics, leading=leading
+        api,
+        reconciler,
+        policy,
+        clock,
+        args.cycle_interval,
+        metrics=metrics,
+        leading=leading,
+        informers=informers,
     )
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
     thread.start()
@@ -212,6 +225,7 @@ def run_operator(args: argparse.Namespace) -> int:
         )
     finally:
         loop.stop()
+        watching.set()
         thread.join(timeout=10)
         if elector is not None:
             elector.stop()

@@ -60,12 +60,25 @@ class Reconciler:
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         # job key -> when it asked to be looked at again (time-driven steps no event announces)
         self._wake_at: dict[str, float] = {}
+        # job key -> when it was last reconciled, for whatever reason (the backstop resync
+        # looks only at jobs nobody has looked at for a while)
+        self._reconciled_at: dict[str, float] = {}
         self._wake_lock = threading.Lock()
 
     def due(self, now: float) -> list[str]:
         """Jobs whose requested wake-up time has come."""
         with self._wake_lock:
             return [key for key, at in self._wake_at.items() if at <= now]
+
+    def reconciled_at(self, key: str) -> float | None:
+        with self._wake_lock:
+            return self._reconciled_at.get(key)
+
+    def forget_all_but(self, keys: set[str]) -> None:
+        """Drops the reconcile times of jobs outside `keys` (ended or deleted)."""
+        with self._wake_lock:
+            for key in self._reconciled_at.keys() - keys:
+                del self._reconciled_at[key]
 
     def reconcile(
         self, namespace: str, name: str, displaced: Displacement | None = None
@@ -75,6 +88,7 @@ class Reconciler:
         with self._locks[key]:
             requeue = self._reconcile(namespace, name, displaced)
         with self._wake_lock:
+            self._reconciled_at[key] = self.clock.now()
             if requeue is None:
                 self._wake_at.pop(key, None)
             else:

@@ -1,7 +1,8 @@
 """The operator's global scheduling loop: snapshot, `core.schedule_cycle`, write admissions.
 
-Each pass reads jobs, nodes and live pods straight from the API server (no cache
-to go stale), builds the core's snapshot, and admits gangs whole. The admission
+Each pass reads jobs, nodes and live pods from watch-fed stores (operator/informers.py; or
+straight from the API server when run without them), builds the core's snapshot, and admits
+gangs whole. The admission
 is committed by one conditional status write (phase Admitted with the placement),
 so a crash before it admits nothing and a crash after it loses nothing.
 """
@@ -12,36 +13,54 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gangshare.core.annotations import JOB_LABEL
 from gangshare.core.clock import Clock
-from gangshare.core.cycle import Admission, CycleResult, Pending, PendingKind, schedule_cycle
-from gangshare.core.estimate import RuntimeEstimator, name_group
-from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
+from gangshare.core.cycle import Admission, CycleResult, schedule_cycle
+from gangshare.core.queueing import QueuePolicy, RunningJob
 from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
 from gangshare.kube.queue import default_queue_object, parse_queue
 from gangshare.kube.snapshot import build_snapshot, parse_time
-from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
+from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
-from gangshare.operator.conditions import condition, iso, set_condition
+from gangshare.operator.conditions import iso, set_condition
+from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import Conflict, KubeApi
 from gangshare.operator.metrics import OperatorMetrics
+from gangshare.operator.pending import PendingReasons, clear_inadmissible
 from gangshare.operator.queue_status import changed_fields, queue_statuses
 from gangshare.operator.reconcile import Reconciler
+from gangshare.operator.waiting import WaitingJobs
 
 log = logging.getLogger("gangshare.operator")
+# Every unfinished job with something to look after is reconciled again at least this often
+# (a backstop for missed watch events), at most RESYNC_PER_PASS of them per pass, oldest first.
 FULL_RESYNC_SECONDS = 30.0
+RESYNC_PER_PASS = 32
+# Reconciles a pass runs side by side (kopf's handlers run on as many).
+RECONCILE_WORKERS = 8
 # Liveness fails when no scheduling pass has finished for this long (a hung loop).
 DEFAULT_STALL_SECONDS = 120.0
 
 
+# A job to reconcile (namespace/name), and why it lost its GPUs when it did.
+Work = tuple[str, Displacement | None]
+
+
 @dataclass
 class CycleReport:
-    seconds: float = 0.0
+    seconds: float = 0.0  # reads, decision and status writes (not the reconciles after)
     admitted: list[str] = field(default_factory=list)
     pending: int = 0
     warnings: list[str] = field(default_factory=list)
+    read_seconds: float = 0.0  # reads and the snapshot
+    decision_seconds: float = 0.0  # schedule_cycle alone
+    reasons_written: int = 0  # pending-reason status writes
+    resynced: int = 0  # jobs reconciled as the backstop resync
+    skipped: str = ""  # why the pass did nothing (stores not yet synced)
 
 
 class SchedulerLoop:
@@ -54,8 +73,13 @@ class SchedulerLoop:
         interval: float = 1.0,
         metrics: OperatorMetrics | None = None,
         leading: Callable[[], bool] = lambda: True,
+        informers: Informers | None = None,
     ) -> None:
         self.api = api
+        # Where a pass reads jobs, nodes and pods: the watch-fed stores, else LISTs.
+        self.informers = informers
+        self.reads: Informers | KubeApi = informers or api
+        self.pending = PendingReasons(api)
         self.reconciler = reconciler
         self.policy = policy
         self.clock = clock
@@ -63,14 +87,13 @@ class SchedulerLoop:
         self.metrics = metrics or OperatorMetrics()
         # Whether this replica holds the leader Lease (operator/leader.py); a standby waits.
         self.leading = leading
-        self.estimator = RuntimeEstimator(policy.default_runtime_seconds)
+        self.waiting = WaitingJobs(policy.default_runtime_seconds)
         # Queue objects as last read (None: the Queue CRD is not installed) and their statuses.
         self._queue_objects: dict[str, dict[str, Any]] | None = None
         self._default_queue_checked = False
-        self._observed: set[str] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._last_full_resync = 0.0
+        self._workers = ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix="reconcile")
         self._warned: set[str] = set()
         # Monotonic time the last pass ended (well or with an error): the loop's heartbeat.
         self.last_pass_end = time.monotonic()
@@ -99,48 +122,57 @@ class SchedulerLoop:
         quiet = time.monotonic() - self.last_pass_end
         if quiet > limit:
             return f"no scheduling pass has finished for {quiet:.0f}s (limit {limit:.0f}s)"
-        return None
+        # Passes that read from dead watches would decide from an ever older cluster.
+        return self.informers.silent() if self.informers is not None else None
 
     # ----- one pass ------------------------------------------------------------------
 
     def run_once(self) -> CycleReport:
         started = time.perf_counter()
-        jobs = [j for j in self.api.list_jobs() if not j["metadata"].get("deletionTimestamp")]
+        if self.informers is not None and not self.informers.synced():
+            return CycleReport(skipped="watches not yet synced")
+        jobs = [j for j in self.reads.list_jobs() if not j["metadata"].get("deletionTimestamp")]
         self.metrics.set_trainingjobs(jobs)
         snapshot = build_snapshot(
-            self.api.list_nodes(),
-            self.api.list_live_pods(),
+            self.reads.list_nodes(),
+            self.reads.list_live_pods(),
             jobs,
             self.policy.default_runtime_seconds,
         )
         self._log_new_warnings(snapshot.warnings)
         now = self.clock.now()
         policy = self._policy_of_the_pass(snapshot.warnings)
-        self.estimator.queue_defaults = {
-            name: spec.default_runtime_seconds
-            for name, spec in policy.queues.items()
-            if spec.default_runtime_seconds is not None
-        }
-        self._learn_run_times(jobs)
+        self.waiting.learn(jobs, policy)
         by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
-        pending = [q for q in (self._queued(j, policy) for j in jobs) if q is not None]
+        pending = self.waiting.queued(jobs, self.clock.now)
         deciding = time.perf_counter()
         result = schedule_cycle(snapshot.cluster, pending, snapshot.running, policy, now)
-        self.metrics.decision.observe(time.perf_counter() - deciding)
-        report = CycleReport(pending=len(result.pending), warnings=snapshot.warnings)
-        for admission in result.admitted:
-            if self._admit(by_key[admission.job.key], admission, now):
+        decided = time.perf_counter()
+        self.metrics.decision.observe(decided - deciding)
+        report = CycleReport(
+            pending=len(result.pending),
+            warnings=snapshot.warnings,
+            read_seconds=deciding - started,
+            decision_seconds=decided - deciding,
+        )
+        # Each admission is its own conditional write: side by side, committed in any order.
+        admitted = self._workers.map(
+            lambda a: self._admit(by_key[a.job.key], a, now), result.admitted
+        )
+        for admission, done in zip(result.admitted, list(admitted), strict=True):
+            if done:
                 report.admitted.append(admission.job.key)
-        for waiting in result.pending:
-            self._explain(by_key[waiting.job.key], waiting, now, policy)
-        self._preempt(result, by_key)
+        if self.leading():
+            report.reasons_written = self.pending.explain(
+                result.pending, by_key, policy, now, self._workers
+            )
+        preempted = self._preempted(result, by_key)
         self._publish_queue_statuses(policy, snapshot.running, result)
         report.seconds = time.perf_counter() - started
-        for key in report.admitted:
-            namespace, name = key.split("/", 1)
-            self._reconcile_quietly(namespace, name)
-        self._release_displaced(snapshot.displaced, by_key)
-        self._resync(jobs, now)
+        work: list[Work] = [*preempted, *((key, None) for key in report.admitted)]
+        work += self._displaced(snapshot.displaced, by_key)
+        resync, report.resynced = self._resync(jobs, now, {key for key, _ in work})
+        self._reconcile_all(work + [(key, None) for key in resync])
         self.metrics.cycle.observe(time.perf_counter() - started)
         return report
 
@@ -186,37 +218,46 @@ class SchedulerLoop:
                 except Exception:  # a status is a report: the next pass writes it again
                     log.exception("status of queue %s not written; will retry", name)
 
-    def _preempt(self, result: CycleResult, by_key: dict[str, Any]) -> None:
+    def _preempted(self, result: CycleResult, by_key: dict[str, Any]) -> list[Work]:
         """Reclaimed borrowers are evicted whole and requeued (the reconciler does it)."""
+        work: list[Work] = []
         for preemption in result.preemptions:
             job = by_key.get(preemption.job.key)
             if job is None:
                 continue
             attempt = int((job.get("status") or {}).get("attempt", 0))
-            namespace, name = preemption.job.key.split("/", 1)
             log.info("%s preempted: %s", preemption.job.key, preemption.reason)
-            self._reconcile_quietly(
-                namespace, name, Displacement(attempt, preemption.reason, preempted=True)
-            )
+            displaced = Displacement(attempt, preemption.reason, preempted=True)
+            work.append((preemption.job.key, displaced))
+        return work
 
-    def _release_displaced(self, displaced: dict[str, str], by_key: dict[str, Any]) -> None:
+    def _displaced(self, displaced: dict[str, str], by_key: dict[str, Any]) -> list[Work]:
         """Gangs whose plan broke before they started give their GPUs back and requeue."""
+        work: list[Work] = []
         for key, reason in displaced.items():
             job = by_key.get(key)
             if job is None or (job.get("status") or {}).get("phase") != "Admitted":
                 continue
             attempt = int((job.get("status") or {}).get("attempt", 0))
-            namespace, name = key.split("/", 1)
-            self._reconcile_quietly(namespace, name, Displacement(attempt, reason))
+            work.append((key, Displacement(attempt, reason)))
+        return work
 
-    def _reconcile_quietly(
-        self, namespace: str, name: str, displaced: Displacement | None = None
-    ) -> None:
+    def _reconcile_all(self, work: list[Work]) -> None:
+        """Reconciles side by side (each job's own lock keeps one at a time per job): each is
+        a few API round trips, and one after another they were most of a busy pass."""
+        if len(work) <= 1:
+            for key, displaced in work:
+                self._reconcile_quietly(key, displaced)
+            return
+        list(self._workers.map(lambda w: self._reconcile_quietly(*w), work))
+
+    def _reconcile_quietly(self, key: str, displaced: Displacement | None = None) -> None:
         # The admission is already committed; its pods follow on the next event or resync.
+        namespace, name = key.split("/", 1)
         try:
             self.reconciler.reconcile(namespace, name, displaced)
         except Exception:
-            log.exception("reconcile of %s/%s failed; will retry", namespace, name)
+            log.exception("reconcile of %s failed; will retry", key)
 
     def _log_new_warnings(self, warnings: list[str]) -> None:
         """What the snapshot had to skip, logged once per appearance rather than every pass."""
@@ -224,22 +265,6 @@ class SchedulerLoop:
         for warning in sorted(current - self._warned):
             log.warning("snapshot: %s", warning)
         self._warned = current
-
-    def _queued(self, job: dict[str, Any], policy: QueuePolicy) -> QueuedJob | None:
-        status = job.get("status") or {}
-        if status.get("phase") != "Queued":
-            return None
-        if (parse_time(status.get("nextRetryAt")) or 0.0) > self.clock.now():
-            return None  # backing off after a release; it rejoins the queue when due
-        try:
-            spec = parse_trainingjob(job)
-        except InvalidSpec:
-            return None  # the reconciler fails it with the reason
-        submitted = parse_time(status.get("queuedAt")) or self.clock.now()
-        estimate = self.estimator.predict(
-            spec.queue, spec.total_gpus, spec.runtime_estimate_seconds, group=name_group(spec.name)
-        )
-        return spec.queued(submitted, estimate)
 
     def _admit(self, job: dict[str, Any], admission: Admission, now: float) -> bool:
         plan = admission.plan
@@ -270,7 +295,7 @@ class SchedulerLoop:
             ],
             "message": message,
             "observedGeneration": gen,
-            "conditions": _clear_inadmissible(
+            "conditions": clear_inadmissible(
                 set_condition(
                     status.get("conditions"), "Admitted", True, "GangAdmitted", message, now, gen
                 ),
@@ -292,82 +317,61 @@ class SchedulerLoop:
         log.info("%s %s", admission.job.key, message)
         return True
 
-    def _explain(
-        self, job: dict[str, Any], waiting: Pending, now: float, policy: QueuePolicy
-    ) -> None:
-        status = job.get("status") or {}
-        if status.get("message") == waiting.reason:
-            return  # unchanged: no write, no event
-        gen = int(job["metadata"].get("generation", 0))
-        conditions = set_condition(
-            status.get("conditions"),
-            "Admitted",
-            False,
-            waiting.kind.value,
-            waiting.reason,
-            now,
-            gen,
-        )
-        if waiting.kind is PendingKind.INADMISSIBLE:
-            # Waiting cannot help: said once, re-judged every pass as nodes and policy change.
-            why = "QueueNotFound" if waiting.job.queue not in policy.queues else "CannotFit"
-            if not policy.require_known_queue:
-                why = "CannotFit"
-            conditions = set_condition(
-                conditions, "Inadmissible", True, why, waiting.reason, now, gen
-            )
-        else:
-            conditions = _clear_inadmissible(conditions, now, gen)
-        try:
-            self.api.patch_job_status(job, {"message": waiting.reason, "conditions": conditions})
-        except Conflict:
-            return
-        if waiting.kind is not PendingKind.BEHIND:
-            kind = "Warning" if waiting.kind is PendingKind.INADMISSIBLE else "Normal"
-            self.api.post_event(job, kind, waiting.kind.value, waiting.reason, action="Schedule")
-
-    def _learn_run_times(self, jobs: list[dict[str, Any]]) -> None:
-        for job in jobs:
-            status = job.get("status") or {}
-            uid = job["metadata"].get("uid", "")
-            if status.get("phase") != "Succeeded" or uid in self._observed:
-                continue
-            self._observed.add(uid)
-            start, end = parse_time(status.get("startedAt")), parse_time(status.get("completedAt"))
-            spec = job.get("spec") or {}
-            if start is not None and end is not None:
-                gpus = int(spec.get("workers", 1)) * int(spec.get("gpusPerWorker", 1))
-                group = name_group(str(job["metadata"].get("name", "")))
-                queue = str(spec.get("queue", "default"))
-                self.estimator.observe(queue, gpus, end - start, group=group)
-
-    def _resync(self, jobs: list[dict[str, Any]], now: float) -> None:
-        """Time-driven steps no watch announces (new jobs, back-off, TTL), and a slow full pass."""
-        full = now - self._last_full_resync >= FULL_RESYNC_SECONDS
-        if full:
-            self._last_full_resync = now
+    def _resync(
+        self, jobs: list[dict[str, Any]], now: float, already: set[str]
+    ) -> tuple[list[str], int]:
+        """Jobs to reconcile for time-driven steps no watch announces (new jobs, back-off,
+        TTL, asked-for wake-ups), and the backstop resync's share of this pass: unfinished
+        jobs nobody reconciled for FULL_RESYNC_SECONDS, oldest first, RESYNC_PER_PASS at most.
+        Returns the keys (none in `already`) and how many are the backstop's."""
+        owners = self._jobs_with_live_pods()
+        due: list[str] = []
+        stale: list[tuple[float, str]] = []
+        present = set()
         for job in jobs:
             status = job.get("status") or {}
             phase = status.get("phase")
-            due = phase is None or (
+            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            present.add(key)
+            ready = phase is None or (
                 phase == "Restarting" and (parse_time(status.get("nextRetryAt")) or 0) <= now
             )
             ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
             if phase in ("Succeeded", "Failed") and ttl is not None:
-                due = due or (parse_time(status.get("completedAt")) or now) + ttl <= now
-            if due or (full and phase not in ("Succeeded", "Failed")):
-                self._reconcile_quietly(job["metadata"]["namespace"], job["metadata"]["name"])
-        for key in self.reconciler.due(now):
-            namespace, name = key.split("/", 1)
-            self._reconcile_quietly(namespace, name)
+                ready = ready or (parse_time(status.get("completedAt")) or now) + ttl <= now
+            if ready:
+                due.append(key)
+            elif phase not in ("Succeeded", "Failed") and resync_worthy(job, owners):
+                at = self.reconciler.reconciled_at(key)
+                if at is None or now - at >= FULL_RESYNC_SECONDS:
+                    stale.append((-1e18 if at is None else at, key))
+        self.reconciler.forget_all_but(present)
+        stale.sort()
+        backstop = [key for _, key in stale if key not in already][:RESYNC_PER_PASS]
+        keys = dict.fromkeys([*due, *backstop, *self.reconciler.due(now)])
+        return [key for key in keys if key not in already], len(backstop)
+
+    def _jobs_with_live_pods(self) -> set[str] | None:
+        """Keys of the jobs that own a live pod, from the pod store; None without one."""
+        if self.informers is None:
+            return None
+        owners = set()
+        for pod in self.informers.list_live_pods():
+            meta = pod.get("metadata") or {}
+            job = (meta.get("labels") or {}).get(JOB_LABEL)
+            if job:
+                owners.add(f"{meta.get('namespace')}/{job}")
+        return owners
 
 
-def _clear_inadmissible(
-    conditions: list[dict[str, Any]], now: float, gen: int
-) -> list[dict[str, Any]]:
-    found = condition(conditions, "Inadmissible")
-    if found is None or found.get("status") != "True":
-        return conditions
-    return set_condition(
-        conditions, "Inadmissible", False, "CanFit", "the job can fit the cluster", now, gen
-    )
+def resync_worthy(job: dict[str, Any], owners: set[str] | None) -> bool:
+    """Whether the backstop resync has anything to look after in an unfinished job. A Queued
+    job whose status is current and that owns no live pod has none (a pod of an earlier
+    attempt announces itself); without a pod store every job is looked at."""
+    status = job.get("status") or {}
+    if status.get("phase") != "Queued" or owners is None:
+        return True
+    meta = job["metadata"]
+    if status.get("observedGeneration") != meta.get("generation"):
+        return True
+    return f"{meta['namespace']}/{meta['name']}" in owners

@@ -1,0 +1,149 @@
+"""The scheduling loop's reads: jobs, nodes and live pods held current by watches.
+
+A pass used to LIST every TrainingJob, Node and live Pod from the API server; at 10,000
+jobs on 5,000 nodes those reads (and decoding them) outweighed the decision itself. Here
+each kind is listed once and then followed (gangshare.kube.follow), as kube-scheduler's
+informers do. What the operator writes itself is *assumed* at once from the API server's
+answer, so the next pass never decides from a state older than its own last write (an
+admission not yet seen would free its GPUs for a second gang); a watch event older than an
+assumed object is ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any
+
+from kubernetes import client
+
+from gangshare.kube.follow import follow
+from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
+
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+# A watch asks for bookmarks and is re-opened every 2 minutes, so even an idle cluster is
+# heard from far more often than this; past it the stores are stale and liveness fails.
+SILENCE_LIMIT = 300.0
+
+
+def newer(incoming: dict[str, Any], held: dict[str, Any] | None) -> bool:
+    """Whether `incoming` is at least as recent as `held`. resourceVersions are opaque by
+    contract but integers from etcd; anything else is taken as newer (as a relist would)."""
+    if held is None:
+        return True
+    a = (incoming.get("metadata") or {}).get("resourceVersion", "")
+    b = (held.get("metadata") or {}).get("resourceVersion", "")
+    if not (a.isdigit() and b.isdigit()):
+        return True
+    return int(a) >= int(b)
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
+
+
+class Store:
+    """One kind's objects by namespace/name, as last listed, watched or written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.synced = threading.Event()
+        self.heard = time.monotonic()
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._objects = {object_key(o): o for o in items}
+        self.synced.set()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._objects.pop(key, None)
+            elif newer(obj, self._objects.get(key)):
+                self._objects[key] = obj
+
+    def assume(self, obj: dict[str, Any]) -> None:
+        """Hold what a write returned, unless the watch already brought something newer."""
+        self.apply("MODIFIED", obj)
+
+    def items(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def heard_from(self) -> None:
+        self.heard = time.monotonic()
+
+
+class Informers:
+    """TrainingJobs, Nodes and live Pods, each a Store fed by its own watch thread."""
+
+    def __init__(self) -> None:
+        self.jobs = Store("trainingjobs")
+        self.nodes = Store("nodes")
+        self.pods = Store("pods")
+
+    @property
+    def stores(self) -> tuple[Store, Store, Store]:
+        return self.jobs, self.nodes, self.pods
+
+    def synced(self) -> bool:
+        return all(store.synced.is_set() for store in self.stores)
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(s.synced.wait(max(0.0, deadline - time.monotonic())) for s in self.stores)
+
+    def silent(self, limit: float = SILENCE_LIMIT) -> str | None:
+        """Why the stores count as stale (a watch that hears nothing), or None."""
+        now = time.monotonic()
+        for store in self.stores:
+            if now - store.heard > limit:
+                quiet = now - store.heard
+                return f"{store.name} watch has heard nothing from the API server for {quiet:.0f}s"
+        return None
+
+    # The SchedulerLoop's reads (the same names as KubeApi's, which serve when not watching).
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        return self.jobs.items()
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self.nodes.items()
+
+    def list_live_pods(self) -> list[dict[str, Any]]:
+        return self.pods.items()
+
+    def start(self, api_client: client.ApiClient, stop: threading.Event) -> list[threading.Thread]:
+        core = client.CoreV1Api(api_client)
+        custom = client.CustomObjectsApi(api_client)
+        calls = {
+            self.jobs: (
+                functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL),
+                True,  # no CRD yet: no jobs
+            ),
+            self.nodes: (core.list_node, False),
+            # A pod that ends leaves the selector: the watch says DELETED.
+            self.pods: (
+                functools.partial(core.list_pod_for_all_namespaces, field_selector=LIVE_PODS),
+                False,
+            ),
+        }
+        threads = [
+            threading.Thread(
+                target=follow,
+                args=(store.name, call, store.replace, store.apply, stop, store.heard_from),
+                kwargs={"missing_means_empty": missing},
+                name=f"operator-watch-{store.name}",
+                daemon=True,
+            )
+            for store, (call, missing) in calls.items()
+        ]
+        for thread in threads:
+            thread.start()
+        return threads

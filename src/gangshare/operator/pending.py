@@ -1,0 +1,150 @@
+"""Why each waiting job waits, written to its status: bounded per pass, throttled per job.
+
+Every waiting job gets its reason (the Admitted=False condition and status.message), but a
+pass must not turn into thousands of status writes. Two rules keep the writes proportional
+to what changed, not to how many jobs wait:
+  - a *transition* (a new condition reason: Queued -> QuotaExceeded, or Inadmissible's why)
+    is written at once and posts an event;
+  - a reason whose text alone changed ("8 of 64 GPUs in use" -> "16 of 64") is rewritten at
+    most every REFRESH_SECONDS per job, with no event: such texts move on every admission in
+    the queue, and 10,000 waiting jobs would otherwise be rewritten on each.
+At most WRITES_PER_PASS are written per pass, in queue order; the rest follow on later passes
+(a pass comes every second or sooner).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from gangshare.core.cycle import Pending, PendingKind
+from gangshare.core.queueing import QueuePolicy
+from gangshare.operator.conditions import condition, set_condition
+from gangshare.operator.kubeapi import Conflict, KubeApi
+
+log = logging.getLogger("gangshare.operator")
+WRITES_PER_PASS = 200
+REFRESH_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    status: dict[str, Any]
+    transition: bool  # a new condition reason (an event is posted); else the text alone moved
+
+
+def inadmissible_why(waiting: Pending, policy: QueuePolicy) -> str | None:
+    if waiting.kind is not PendingKind.INADMISSIBLE:
+        return None
+    if policy.require_known_queue and waiting.job.queue not in policy.queues:
+        return "QueueNotFound"
+    return "CannotFit"
+
+
+def clear_inadmissible(
+    conditions: list[dict[str, Any]], now: float, gen: int
+) -> list[dict[str, Any]]:
+    found = condition(conditions, "Inadmissible")
+    if found is None or found.get("status") != "True":
+        return conditions
+    return set_condition(
+        conditions, "Inadmissible", False, "CanFit", "the job can fit the cluster", now, gen
+    )
+
+
+def detect_pending_write(
+    job: dict[str, Any], waiting: Pending, policy: QueuePolicy, now: float
+) -> PendingWrite | None:
+    """The status patch that tells why `job` waits; None when its status says so already."""
+    status = job.get("status") or {}
+    if status.get("message") == waiting.reason:
+        return None
+    gen = int(job["metadata"].get("generation", 0))
+    conditions = status.get("conditions")
+    admitted, blocked = condition(conditions, "Admitted"), condition(conditions, "Inadmissible")
+    was = (
+        (admitted or {}).get("reason"),
+        blocked.get("reason") if blocked and blocked.get("status") == "True" else None,
+    )
+    why = inadmissible_why(waiting, policy)
+    conditions = set_condition(
+        conditions, "Admitted", False, waiting.kind.value, waiting.reason, now, gen
+    )
+    if why is not None:
+        # Waiting cannot help: said once, re-judged every pass as nodes and policy change.
+        conditions = set_condition(conditions, "Inadmissible", True, why, waiting.reason, now, gen)
+    else:
+        conditions = clear_inadmissible(conditions, now, gen)
+    return PendingWrite(
+        {"message": waiting.reason, "conditions": conditions},
+        transition=was != (waiting.kind.value, why),
+    )
+
+
+class PendingReasons:
+    """Writes pending reasons within the per-pass budget; remembers when each was written."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        writes_per_pass: int = WRITES_PER_PASS,
+        refresh_seconds: float = REFRESH_SECONDS,
+    ) -> None:
+        self.api = api
+        self.writes_per_pass = writes_per_pass
+        self.refresh_seconds = refresh_seconds
+        self._written_at: dict[str, float] = {}
+        self.events_posted = 0  # over the process's life (the benchmark reads it)
+
+    def explain(
+        self,
+        waiting: Iterable[Pending],
+        by_key: dict[str, dict[str, Any]],
+        policy: QueuePolicy,
+        now: float,
+        pool: Executor | None = None,
+    ) -> int:
+        """Write the reasons due this pass (side by side on `pool`, when given: each is an
+        API round trip); returns how many were written."""
+        due: list[tuple[dict[str, Any], Pending, PendingWrite]] = []
+        seen = set()
+        for pending in waiting:
+            key = pending.job.key
+            seen.add(key)
+            if len(due) >= self.writes_per_pass:
+                continue
+            write = detect_pending_write(by_key[key], pending, policy, now)
+            if write is None:
+                continue
+            if not write.transition and now - self._written_at.get(key, -1e18) < (
+                self.refresh_seconds
+            ):
+                continue
+            due.append((by_key[key], pending, write))
+        for key in self._written_at.keys() - seen:
+            del self._written_at[key]  # admitted, deleted or ended: nothing more to explain
+        outcomes = (pool.map if pool is not None else map)(lambda d: self._write(*d), due)
+        written = 0
+        for (_, pending, _), (done, posted) in zip(due, list(outcomes), strict=True):
+            if done:
+                self._written_at[pending.job.key] = now
+                written += 1
+            self.events_posted += posted
+        return written
+
+    def _write(
+        self, job: dict[str, Any], waiting: Pending, write: PendingWrite
+    ) -> tuple[bool, bool]:
+        """Whether the status was written, and whether an event was posted."""
+        try:
+            self.api.patch_job_status(job, write.status)
+        except Conflict:
+            return False, False
+        if write.transition and waiting.kind is not PendingKind.BEHIND:
+            kind = "Warning" if waiting.kind is PendingKind.INADMISSIBLE else "Normal"
+            self.api.post_event(job, kind, waiting.kind.value, waiting.reason, action="Schedule")
+            return True, True
+        return True, False
