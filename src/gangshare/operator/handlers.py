@@ -11,7 +11,7 @@ import kopf
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
-from gangshare.operator.lifecycle import job_event_needs_reconcile
+from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.reconcile import Reconciler
 from gangshare.operator.scheduler import SchedulerLoop
 
@@ -66,7 +66,7 @@ def build_registry(
     ) -> None:
         if not leading():
             return
-        if type != "DELETED" and namespace and job_event_needs_reconcile(dict(body)):
+        if type != "DELETED" and namespace and job_needs_reconcile(body):
             reconcile_quietly(namespace, name)
         loop.poke()
 

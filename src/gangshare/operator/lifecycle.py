@@ -9,6 +9,7 @@ which is what makes a crash at any moment harmless.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,10 +96,11 @@ def detect_actions(
     return actions
 
 
-def job_event_needs_reconcile(job: dict[str, Any]) -> bool:
-    """Whether a TrainingJob's own watch event can give the reconciler work. A Queued job
-    whose status is current has none: its pods (of an earlier attempt) send their own events,
-    and each pending-reason write would otherwise cost a reconcile (three reads) per job."""
+def job_needs_reconcile(job: Mapping[str, Any]) -> bool:
+    """Whether the TrainingJob itself, its pods aside, can give the reconciler work (asked
+    on its own watch events and by the backstop resync). A Queued job whose status is current
+    has none: its pods (of an earlier attempt) send their own events, and each pending-reason
+    write would otherwise cost a reconcile (three reads) per job."""
     meta = job.get("metadata") or {}
     status = job.get("status") or {}
     return (

@@ -14,7 +14,6 @@ At most WRITES_PER_PASS are written per pass, in queue order; the rest follow on
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from gangshare.core.queueing import QueuePolicy
 from gangshare.operator.conditions import condition, set_condition
 from gangshare.operator.kubeapi import Conflict, KubeApi
 
-log = logging.getLogger("gangshare.operator")
 WRITES_PER_PASS = 200
 REFRESH_SECONDS = 60.0
 

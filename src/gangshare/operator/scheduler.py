@@ -22,6 +22,7 @@ from gangshare.core.clock import Clock
 from gangshare.core.cycle import Admission, CycleResult, schedule_cycle
 from gangshare.core.queueing import QueuePolicy, RunningJob
 from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
+from gangshare.kube.claims import job_key
 from gangshare.kube.queue import default_queue_object, parse_queue
 from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec
@@ -29,6 +30,7 @@ from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import Conflict, KubeApi
+from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.pending import PendingReasons, clear_inadmissible
 from gangshare.operator.queue_status import changed_fields, queue_statuses
@@ -143,8 +145,8 @@ class SchedulerLoop:
         now = self.clock.now()
         policy = self._policy_of_the_pass(snapshot.warnings)
         self.waiting.learn(jobs, policy)
-        by_key = {f"{j['metadata']['namespace']}/{j['metadata']['name']}": j for j in jobs}
-        pending = self.waiting.queued(jobs, self.clock.now)
+        by_key = {job_key(j): j for j in jobs}
+        pending = self.waiting.queued(jobs, now)
         deciding = time.perf_counter()
         result = schedule_cycle(snapshot.cluster, pending, snapshot.running, policy, now)
         decided = time.perf_counter()
@@ -245,10 +247,6 @@ class SchedulerLoop:
     def _reconcile_all(self, work: list[Work]) -> None:
         """Reconciles side by side (each job's own lock keeps one at a time per job): each is
         a few API round trips, and one after another they were most of a busy pass."""
-        if len(work) <= 1:
-            for key, displaced in work:
-                self._reconcile_quietly(key, displaced)
-            return
         list(self._workers.map(lambda w: self._reconcile_quietly(*w), work))
 
     def _reconcile_quietly(self, key: str, displaced: Displacement | None = None) -> None:
@@ -331,7 +329,7 @@ class SchedulerLoop:
         for job in jobs:
             status = job.get("status") or {}
             phase = status.get("phase")
-            key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            key = job_key(job)
             present.add(key)
             ready = phase is None or (
                 phase == "Restarting" and (parse_time(status.get("nextRetryAt")) or 0) <= now
@@ -368,10 +366,4 @@ def resync_worthy(job: dict[str, Any], owners: set[str] | None) -> bool:
     """Whether the backstop resync has anything to look after in an unfinished job. A Queued
     job whose status is current and that owns no live pod has none (a pod of an earlier
     attempt announces itself); without a pod store every job is looked at."""
-    status = job.get("status") or {}
-    if status.get("phase") != "Queued" or owners is None:
-        return True
-    meta = job["metadata"]
-    if status.get("observedGeneration") != meta.get("generation"):
-        return True
-    return f"{meta['namespace']}/{meta['name']}" in owners
+    return owners is None or job_needs_reconcile(job) or job_key(job) in owners

@@ -7,7 +7,7 @@ estimator learns from jobs that succeeded, each once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ class WaitingJobs:
                 queue = str(spec.get("queue", "default"))
                 self.estimator.observe(queue, gpus, end - start, group=group)
 
-    def queued(self, jobs: Iterable[dict[str, Any]], now: Callable[[], float]) -> list[QueuedJob]:
+    def queued(self, jobs: Iterable[dict[str, Any]], now: float) -> list[QueuedJob]:
         """The jobs waiting for admission now (Queued, not backing off, valid), in list order."""
         parsed: dict[str, _Parsed] = {}
         result = []
@@ -60,7 +60,7 @@ class WaitingJobs:
             status = job.get("status") or {}
             if status.get("phase") != "Queued":
                 continue
-            if (parse_time(status.get("nextRetryAt")) or 0.0) > now():
+            if (parse_time(status.get("nextRetryAt")) or 0.0) > now:
                 continue  # backing off after a release; it rejoins the queue when due
             meta = job["metadata"]
             uid, version = str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))
@@ -74,7 +74,7 @@ class WaitingJobs:
             if memo.spec is None:
                 continue
             spec = memo.spec
-            submitted = parse_time(status.get("queuedAt")) or now()
+            submitted = parse_time(status.get("queuedAt")) or now
             estimate = self.estimator.predict(
                 spec.queue,
                 spec.total_gpus,

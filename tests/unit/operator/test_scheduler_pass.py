@@ -12,7 +12,7 @@ from gangshare.core.queueing import QueuePolicy
 from gangshare.core.queues import QueueSpec
 from gangshare.kube.trainingjob import parse_trainingjob
 from gangshare.operator.informers import Store, newer
-from gangshare.operator.lifecycle import job_event_needs_reconcile
+from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.pending import PendingReasons, detect_pending_write
 from gangshare.operator.scheduler import resync_worthy
 
@@ -145,14 +145,14 @@ def test_the_backstop_resync_skips_queued_jobs_with_nothing_to_look_after():
 
 
 def test_only_job_events_with_work_reach_the_reconciler():
-    assert not job_event_needs_reconcile(queued("a"))
-    assert job_event_needs_reconcile(make_job("a").build())  # new: to be enqueued
-    assert job_event_needs_reconcile(make_job("a").status(phase="Admitted").build())
+    assert not job_needs_reconcile(queued("a"))
+    assert job_needs_reconcile(make_job("a").build())  # new: to be enqueued
+    assert job_needs_reconcile(make_job("a").status(phase="Admitted").build())
     edited = make_job("a").status(phase="Queued", observedGeneration=0).build()
-    assert job_event_needs_reconcile(edited)
+    assert job_needs_reconcile(edited)
     deleting = queued("a")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert job_event_needs_reconcile(deleting)
+    assert job_needs_reconcile(deleting)
 
 
 def test_queued_jobs_are_parsed_once_per_resource_version(monkeypatch):
@@ -171,13 +171,13 @@ def test_queued_jobs_are_parsed_once_per_resource_version(monkeypatch):
     later = "2099-01-01T00:00:00Z"
     backing_off = make_job("b").status(phase="Queued", nextRetryAt=later).build()
     invalid = make_job("c").spec(workers=0).status(phase="Queued").build()
-    first = jobs.queued([a, backing_off, invalid], lambda: 1.0)
+    first = jobs.queued([a, backing_off, invalid], 1.0)
     assert [q.key for q in first] == ["team/a"]
-    assert jobs.queued([a, invalid], lambda: 2.0)[0] is first[0]  # same version: same object
+    assert jobs.queued([a, invalid], 2.0)[0] is first[0]  # same version: same object
     assert parses == ["a", "c"]
     a["metadata"]["resourceVersion"] = "2"
     a["spec"]["workers"] = 2
-    again = jobs.queued([a], lambda: 3.0)
+    again = jobs.queued([a], 3.0)
     assert parses == ["a", "c", "a"] and again[0].gpus == 2
 
 
