@@ -78,7 +78,11 @@ def test_an_idle_queue_lends_and_takes_its_quota_back(
             what="the borrower's gang evicted and requeued",
         )
         assert requeued
-        assert "Preempted" in reasons_of(crd, namespace, "borrower-job")
+        # Events are posted after the status write they explain, so they may trail it a little.
+        assert eventually(
+            lambda: "Preempted" in reasons_of(crd, namespace, "borrower-job") or None,
+            what="the borrower's Preempted event",
+        )
         lent = eventually(
             lambda: phase_is(crd, namespace, "lender-job", "Running", "Succeeded"),
             timeout=60,

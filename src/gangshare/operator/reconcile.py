@@ -141,6 +141,11 @@ class Reconciler:
             # Counted at the commit: a Conflict above counts nothing, and once the status is
             # written the next reconcile will not decide (or count) the same step again.
             self.metrics.applied(job, actions)
+        # The events tell what the committed status decided, so they go out before the
+        # deletions that carry it out: a reader who sees the status sees its reason soon after.
+        for event in actions.events:
+            self.api.post_event(job, event.type, event.reason, event.message, action="Reconcile")
+            log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
         for pod_name in actions.delete_pods:
             self.api.delete_pod(namespace, pod_name)
         for pod_name in actions.force_delete_pods:
@@ -151,9 +156,6 @@ class Reconciler:
                 meta["name"],
                 pod_name,
             )
-        for event in actions.events:
-            self.api.post_event(job, event.type, event.reason, event.message, action="Reconcile")
-            log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
         if actions.delete_job:
             self.api.delete_job(namespace, meta["name"])
             log.info("%s/%s deleted: ttlSecondsAfterFinished elapsed", namespace, meta["name"])
