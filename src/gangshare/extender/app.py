@@ -15,14 +15,11 @@ which kube-scheduler turns into a FailedScheduling event on the pod.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -66,11 +63,6 @@ log = logging.getLogger("gangshare.extender")
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 VERBS = ("filter", "prioritize", "bind")
 DEFAULT_SCHEDULER_NAMES = frozenset({"gangshare-scheduler"})
-# Threads that make the verbs' API calls (binds, read-throughs). The Binder's connection pool
-# must be as large (main.py): a bind that finds no idle connection opens a new one, and a TLS
-# handshake costs more CPU, here and in kube-apiserver, than the whole bind otherwise does.
-API_WORKERS = 32
-Result = TypeVar("Result")
 
 
 class VerbsApp:
@@ -94,7 +86,6 @@ class VerbsApp:
         self.scheduler_names = scheduler_names
         self.health = health or Health(cache)
         self.gang_barrier_seconds = gang_barrier_seconds
-        self.api_calls = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="extender-api")
         self.verbs: dict[str, Callable[[Any], Awaitable[tuple[Any, str]]]] = {
             "/filter": self.filter,
             "/prioritize": self.prioritize,
@@ -110,6 +101,8 @@ class VerbsApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await lifespan(receive, send)
+            if self.binder is not None:
+                await self.binder.close()
             return
         if scope["type"] != "http":
             return
@@ -152,12 +145,6 @@ class VerbsApp:
                 "on loopback (or over TLS with a client certificate)",
             )
 
-    async def off_loop(self, call: Callable[..., Result], *args: Any) -> Result:
-        """Blocking API calls run on the verbs' own threads, never on the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self.api_calls, functools.partial(call, *args)
-        )
-
     async def filter(self, data: Any) -> tuple[Any, str]:
         args = ExtenderArgs.parse(data)
         names, pod, cache = args.node_names(), args.Pod, self.cache
@@ -165,7 +152,7 @@ class VerbsApp:
             if self.binder is not None and plan_unseen(cache, pod):
                 # The plan may be committed but not yet watched: read it, do not wait minutes
                 # for kube-scheduler to retry an unschedulable pod.
-                await self.off_loop(read_plan_through, cache, self.binder, pod)
+                await read_plan_through(cache, self.binder, pod)
             with cache.lock:
                 ask = pod_ask(pod, cache.ledger)
                 if ask is None:
@@ -205,13 +192,8 @@ class VerbsApp:
         if self.binder is None:
             return {"Error": "binding is disabled in this extender"}, "error"
         try:
-            error = await self.off_loop(
-                _bind,
-                self.cache,
-                self.binder,
-                args,
-                self.scheduler_names,
-                self.gang_barrier_seconds,
+            error = await _bind(
+                self.cache, self.binder, args, self.scheduler_names, self.gang_barrier_seconds
             )
         except Exception as err:
             log.exception("bind %s failed", who)
@@ -281,7 +263,7 @@ def plan_unseen(cache: ClusterCache, pod: dict[str, Any]) -> bool:
         return cache.ledger.current_hold(who) is None
 
 
-def read_plan_through(cache: ClusterCache, binder: Binder, pod: dict[str, Any]) -> bool:
+async def read_plan_through(cache: ClusterCache, binder: Binder, pod: dict[str, Any]) -> bool:
     """Fill the ledger with a gang worker's TrainingJob read from the API server. True when
     the cache took it; a failed read leaves the worker unplanned (kube-scheduler retries)."""
     who = worker_identity(pod)
@@ -290,14 +272,14 @@ def read_plan_through(cache: ClusterCache, binder: Binder, pod: dict[str, Any]) 
     seen = cache.job_version(who.job)
     namespace, _, name = who.job.partition("/")
     try:
-        job = binder.read_trainingjob(namespace, name)
+        job = await binder.read_trainingjob(namespace, name)
     except BindError as err:
         log.warning("filter: %s", err)
         return False
     return cache.fill_job(who.job, job, seen)
 
 
-def _bind(
+async def _bind(
     cache: ClusterCache,
     binder: Binder,
     args: ExtenderBindingArgs,
@@ -312,7 +294,10 @@ def _bind(
         # kube-scheduler binds only pods it saw ungated: a gated copy is one behind.
         or (pod.get("spec") or {}).get("schedulingGates")
     ):
-        pod = binder.read_pod(args.PodNamespace, args.PodName)  # the watch has not caught up
+        try:
+            pod = await binder.read_pod(args.PodNamespace, args.PodName)  # the watch is behind
+        except BindError as err:
+            return str(err)
     if args.PodUID and pod["metadata"].get("uid") != args.PodUID:
         return f"pod {args.PodNamespace}/{args.PodName} was replaced (uid changed); not binding"
     refusal = bind_refusal(pod, scheduler_names)
@@ -334,11 +319,11 @@ def _bind(
             # A gang worker's GPUs are already its job's plan in the ledger; others are assumed.
             cache.assume(ask.owner, args.Node, gpus, ask.request)
     if ask.gang:
-        waiting = wait_for_gang(cache, pod, gang_barrier_seconds)
+        waiting = await wait_for_gang(cache, pod, gang_barrier_seconds)
         if waiting is not None:
             return f"gang not wholly ungated: {waiting}; not binding a part of it"
     try:
-        binder.record_and_bind(pod, args.Node, gpus)
+        await binder.record_and_bind(pod, args.Node, gpus)
     except BindError as err:
         if not ask.gang:
             cache.forget(ask.owner)

@@ -4,11 +4,13 @@ The operator lifts a gang's scheduling gates in one pass, but that is one API ca
 without the barrier the first worker could be bound while a sibling is still gated, a gang
 partly placed for a moment (and for longer if the operator stops between two calls). Like
 the coscheduling plugin's Permit stage, bind waits a short while for the siblings; kube-
-scheduler binds asynchronously, so the wait blocks no other pod's scheduling.
+scheduler binds asynchronously, so the wait blocks no other pod's scheduling, and the wait
+is a coroutine on the extender's loop, so it holds no thread either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -44,7 +46,7 @@ def gang_not_ready(cache: ClusterCache, pod: dict[str, Any]) -> str | None:
     return None
 
 
-def wait_for_gang(
+async def wait_for_gang(
     cache: ClusterCache, pod: dict[str, Any], seconds: float = BARRIER_SECONDS
 ) -> str | None:
     """None once the whole gang is ungated; the last reason if `seconds` pass first."""
@@ -53,4 +55,4 @@ def wait_for_gang(
         waiting = gang_not_ready(cache, pod)
         if waiting is None or time.monotonic() >= deadline:
             return waiting
-        time.sleep(POLL_SECONDS)
+        await asyncio.sleep(POLL_SECONDS)

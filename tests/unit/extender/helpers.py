@@ -120,17 +120,20 @@ class FakeBinder:
         self.bound: list[tuple[str, str, tuple[int, ...]]] = []
         self.fail = False
 
-    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pods[f"{namespace}/{name}"])
 
-    def read_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def read_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.job_reads.append(f"{namespace}/{name}")
         job = self.jobs.get(f"{namespace}/{name}")
         return copy.deepcopy(job) if job is not None else None
 
-    def record_and_bind(self, pod: dict[str, Any], node: str, gpus: tuple[int, ...]) -> None:
+    async def record_and_bind(self, pod: dict[str, Any], node: str, gpus: tuple[int, ...]) -> None:
         from gangshare.extender.binder import BindError
 
         if self.fail:
             raise BindError("binding refused by the test")
         self.bound.append((pod["metadata"]["name"], node, gpus))
+
+    async def close(self) -> None:
+        pass
