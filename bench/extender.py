@@ -6,7 +6,9 @@
    the same pods in the same run: each measurement creates the pods first for a scheduler that is
    not running yet, then starts a fresh kube-scheduler (plain profile, or gangshare's profile with
    the extender) and times first bind to last bind. Both schedulers run with an unthrottled
-   client (see scheduler_config). CPU per pod of every process is read over two windows: to
+   client (see scheduler_config). Nothing of gangshare runs without the extender: the
+   cluster's gangshare-scheduler and extender are stopped, and the bench's extender runs only
+   for the runs with it. CPU per pod of every process is read over two windows: to
    the last bind, and until every pod runs (KWOK starts pods about 2 s behind the binds, so
    most of a pod's work is outside the first window in both modes).
 
@@ -412,42 +414,46 @@ def throughput(pods: int, rounds: int) -> None:
     try:
         state = cluster.up(spec_nodes[:0] + room)
         kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
-        # The extender binds only pods of the schedulers it serves, so the bench runs its own
-        # for the bench's scheduler names (the cluster's serves gangshare-scheduler).
+        # "Without" is kube-scheduler on a cluster without gangshare: gangshare's own
+        # kube-scheduler and extender (they serve gangshare-scheduler, which no bench pod
+        # names) are stopped, and the bench's extender runs only for the runs with it (its pod
+        # watch alone costs CPU per pod). It binds only pods of the schedulers it serves, so it
+        # is started for the bench's scheduler names.
+        gangshare = [c for c in cluster.children if c.name.startswith("gangshare-")]
+        processes.stop(gangshare)
+        cluster.children = [c for c in cluster.children if c not in gangshare]
         ext_tags = ["warmext", *(f"ext{r}" for r in range(rounds))]
         extender_port = processes.free_port()
-        extender = start_extender(cluster, extender_port, [f"bench-{t}" for t in ext_tags])
         rates: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[RunCpu]] = {False: [], True: []}
-        # Everything of the cluster that does work per pod, and the bench's own extender.
+        # Everything of the cluster that does work per pod, and the bench's extender.
         watched = {
             name: pid
             for name, pid in state.pids.items()
             if name in ("kube-apiserver", "etcd", "kwok", "kube-controller-manager")
         }
-        watched["cluster's extender"] = state.pids["gangshare-extender"]
-        try:
-            # warm-up, not counted: a fresh cluster's first burst is slow
-            one_run(cluster, kubectl, pods, None, "warmplain", watched)
-            one_run(
-                cluster,
-                kubectl,
-                pods,
-                extender_port,
-                "warmext",
-                {**watched, "extender": extender.pid},
-            )
-            for round_ in range(rounds):
-                for with_extender in (False, True):
-                    tag = f"{'ext' if with_extender else 'plain'}{round_}"
-                    port = extender_port if with_extender else None
-                    these = {**watched, "extender": extender.pid} if with_extender else watched
-                    rate, per_pod = one_run(cluster, kubectl, pods, port, tag, these)
-                    rates[with_extender].append(rate)
-                    cpu[with_extender].append(per_pod)
-                    print(f"   run {tag:<7} {rate:7.1f} pods/s")
-        finally:
-            processes.stop([extender])
+
+        def run(with_extender: bool, tag: str) -> tuple[float, RunCpu]:
+            if not with_extender:
+                return one_run(cluster, kubectl, pods, None, tag, watched)
+            names = [f"bench-{t}" for t in ext_tags]
+            extender = start_extender(cluster, extender_port, names)
+            try:
+                these = {**watched, "extender": extender.pid}
+                return one_run(cluster, kubectl, pods, extender_port, tag, these)
+            finally:
+                processes.stop([extender])
+
+        # warm-up, not counted: a fresh cluster's first burst is slow
+        run(False, "warmplain")
+        run(True, "warmext")
+        for round_ in range(rounds):
+            for with_extender in (False, True):
+                tag = f"{'ext' if with_extender else 'plain'}{round_}"
+                rate, per_pod = run(with_extender, tag)
+                rates[with_extender].append(rate)
+                cpu[with_extender].append(per_pod)
+                print(f"   run {tag:<7} {rate:7.1f} pods/s")
         plain, ext = statistics.median(rates[False]), statistics.median(rates[True])
         print(f"   without extender {plain:7.1f} pods/s (median of {len(rates[False])})")
         print(f"   with extender    {ext:7.1f} pods/s (median of {len(rates[True])})")
