@@ -76,12 +76,6 @@ def seg(name: str) -> str:
     return quote(name, safe="")
 
 
-def network_error(err: Exception) -> str:
-    if isinstance(err, TimeoutError):  # aiohttp's own timeouts are this as well
-        return f"timed out (no answer within {CALL_SECONDS:g} s)"
-    return str(err) or type(err).__name__
-
-
 class Binder:
     def __init__(self, configuration: client.Configuration, connections: int = CONNECTIONS):
         self.configuration = configuration
@@ -126,28 +120,34 @@ class Binder:
             await self._session.close()
 
     async def call(
-        self, method: str, path: str, body: dict[str, Any] | None = None
+        self, failed: str, method: str, path: str, body: dict[str, Any] | None = None
     ) -> tuple[int, bytes]:
-        """(status, body bytes) of one call; a network failure or timeout is a BindError."""
+        """(status, body bytes) of one call; a network failure or timeout is a BindError
+        that starts with `failed`."""
         headers = {"Accept": "application/json", **self.credentials()}
         data = None
         if body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
             headers["Content-Type"] = "application/json"
-        async with self.session().request(
-            method,
-            self.base + path,
-            data=data,
-            headers=headers,
-            server_hostname=self.server_hostname,
-        ) as response:
-            return response.status, await response.read()
+        try:
+            async with self.session().request(
+                method,
+                self.base + path,
+                data=data,
+                headers=headers,
+                server_hostname=self.server_hostname,
+            ) as response:
+                return response.status, await response.read()
+        except TimeoutError:  # aiohttp's own timeouts are this as well
+            raise BindError(
+                f"{failed}: timed out (no connection within {CONNECT_SECONDS:g} s "
+                f"or no answer within {CALL_SECONDS:g} s)"
+            ) from None
+        except aiohttp.ClientError as err:
+            raise BindError(f"{failed}: {str(err) or type(err).__name__}") from None
 
     async def _get(self, what: str, path: str) -> dict[str, Any] | None:
-        try:
-            status, body = await self.call("GET", path)
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise BindError(f"cannot read {what}: {network_error(err)}") from None
+        status, body = await self.call(f"cannot read {what}", "GET", path)
         if status == 404:
             return None
         if status >= 300:
@@ -184,11 +184,7 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         failed = f"binding {namespace}/{name} to {node} failed"
-        try:
-            status, body = await self.call(
-                "POST", f"/api/v1/namespaces/{seg(namespace)}/pods/{seg(name)}/binding", binding
-            )
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise BindError(f"{failed}: {network_error(err)}") from None
+        path = f"/api/v1/namespaces/{seg(namespace)}/pods/{seg(name)}/binding"
+        status, body = await self.call(failed, "POST", path, binding)
         if status >= 300:
             raise BindError(f"{failed}: {api_error(status, body)}")

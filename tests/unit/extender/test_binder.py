@@ -23,9 +23,8 @@ async def binder_for(routes: list[web.RouteDef], connections: int = 4) -> AsyncI
     app.add_routes(routes)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
     configuration = client.Configuration(
         host=f"http://127.0.0.1:{port}",
         api_key={"BearerToken": "s3cret"},
