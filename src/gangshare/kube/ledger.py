@@ -6,8 +6,13 @@ plan, from the TrainingJob's status). Whenever anything on a node changes, the
 node's claims are held again in that order, so a fact always wins: a plan that
 cannot be held any more (its node gone or unusable, a GPU taken by a pod the
 kubelet may already run) is a displacement, which the operator turns into a
-requeue of the whole gang. The operator builds a ledger per scheduling pass from
-lists; the extender keeps one current from watches. See docs/decisions.md.
+requeue of the whole gang. A fact with no GPUs recorded (kube-scheduler bound it,
+and no node agent has reported the kubelet's choice yet) is held after the plans,
+on GPUs they leave free, and before them only when nothing is left: it still wins
+by count, but never breaks a plan over which indices it is counted on. The order
+depends only on the objects, so every ledger built from them holds the same GPUs.
+The operator builds a ledger per scheduling pass from lists; the extender keeps one
+current from watches. See docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -339,20 +344,52 @@ class Ledger:
             self._rehold(self._dirty.pop())
 
     def _rehold(self, node_name: str) -> None:
+        """Hold the node's claims again: recorded facts, assumptions, plans, then unrecorded
+        facts; if an unrecorded fact finds no room that way, every fact goes first after all."""
         for owner in self._held.pop(node_name, set()):
             self.cluster.release(owner)
         owners = self._by_node.get(node_name, set())
         assumed = [c for c in self._assumed.values() if c.node == node_name]
         claims = [self._claims[o] for o in owners if o not in self._assumed] + assumed
-        held = set()
-        for claim in sorted(claims, key=lambda c: (c.kind, c.owner)):
-            problem = hold_claim(self.cluster, claim)
+        held, problems = self._hold_in_order(sorted(claims, key=_plans_before_unrecorded))
+        if any(_unrecorded(self._claims.get(owner)) for owner in problems):
+            for owner in held:
+                self.cluster.release(owner)
+            held, problems = self._hold_in_order(sorted(claims, key=_facts_first))
+        for claim in claims:
+            problem = problems.get(claim.owner)
             if problem is None:
-                held.add(claim.owner)
                 self.problems.pop(claim.owner, None)
             else:
                 self.problems[claim.owner] = problem
-                if self.cluster.allocations_of(claim.owner):
-                    held.add(claim.owner)  # held by count, under a warning
         if held:
             self._held[node_name] = held
+
+    def _hold_in_order(self, claims: list[Claim]) -> tuple[set[str], dict[str, str]]:
+        held: set[str] = set()
+        problems: dict[str, str] = {}
+        for claim in claims:
+            problem = hold_claim(self.cluster, claim)
+            if problem is None:
+                held.add(claim.owner)
+            else:
+                problems[claim.owner] = problem
+                if self.cluster.allocations_of(claim.owner):
+                    held.add(claim.owner)  # held by count, under a warning
+        return held, problems
+
+
+def _unrecorded(claim: Claim | None) -> bool:
+    """A bound pod whose GPUs nobody recorded: the default binder placed it and no node agent
+    has read the kubelet's choice back (yet), so any GPUs of the count are as true as others."""
+    return claim is not None and claim.kind is ClaimKind.FACT and claim.indices is None
+
+
+def _facts_first(claim: Claim) -> tuple[ClaimKind, str]:
+    return claim.kind, claim.owner
+
+
+def _plans_before_unrecorded(claim: Claim) -> tuple[bool, ClaimKind, str]:
+    # An unrecorded fact takes whatever GPUs the plans leave: a pod placed beside an admitted
+    # gang must not break the gang's plan by the accident of which indices it is counted on.
+    return _unrecorded(claim), claim.kind, claim.owner

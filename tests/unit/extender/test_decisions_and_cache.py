@@ -5,7 +5,7 @@ import re
 import pytest
 from helpers import cache_with, gpu_pod, node_objects, trainingjob, worker
 
-from gangshare.core.annotations import NODE_UTILIZATION, encode_utilization
+from gangshare.core.annotations import NODE_UTILIZATION, POD_ASSIGNED_GPUS, encode_utilization
 from gangshare.extender.decisions import (
     MAX_BEST_NODES,
     BadPod,
@@ -101,9 +101,16 @@ def test_forged_gang_annotations_and_labels_reserve_nothing():
         assert passed == [] and set(failed) == {"n-0", "n-1"}
         assert "holds no plan for worker 0" in failed["n-0"]
         assert gpus_for_bind(cache.cluster, ask, "n-0").startswith("TrainingJob default/llm")
-    # Bound anyway (another scheduler, nodeName), such a pod is a plain fact: counted, and it
-    # displaces the plan it collides with rather than hiding behind the job's claim.
-    cache.upsert_pod(worker("llm", 0, 2, node="n-0", uid="someone-else"))
+    # Bound anyway (another scheduler, nodeName), such a pod is a plain fact, never the job's
+    # claim: counted on the GPUs the plan leaves while nobody has recorded its own...
+    bound = worker("llm", 0, 2, node="n-0", uid="someone-else")
+    cache.upsert_pod(bound)
+    assert cache.cluster.node("n-0").free_guaranteed == 0
+    assert cache.ledger.displaced() == {}
+    # ...and once the node's agent records the kubelet's choice, on those: it displaces the plan
+    # it collides with rather than hiding behind the job's claim.
+    bound["metadata"]["annotations"][POD_ASSIGNED_GPUS] = "0,1"
+    cache.upsert_pod(bound)
     assert cache.cluster.node("n-0").free_guaranteed == 2
     assert cache.ledger.displaced() == {
         "default/llm": "planned GPU 0 on n-0 is taken by pod:default/llm-worker-0"

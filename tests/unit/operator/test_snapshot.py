@@ -151,6 +151,49 @@ def test_a_bound_pod_on_a_planned_gpu_displaces_the_gang_and_keeps_its_gpu():
     ]
 
 
+def bare_pod(name: str, node: str, gpus: int) -> dict:
+    """A GPU pod kube-scheduler bound, with no GPUs recorded on it (no agent on the node)."""
+    bare = pod(name, 0, phase="Running", node=node, gpus=gpus)
+    bare["metadata"].update(labels={}, ownerReferences=[])
+    return bare
+
+
+def held_gpus(snapshot, node: str) -> dict[str, list[int]]:
+    holders: dict[str, list[int]] = {}
+    for gpu in snapshot.cluster.node(node).gpus:
+        if gpu.guaranteed is not None:
+            holders.setdefault(gpu.guaranteed.owner, []).append(gpu.gpu.index)
+    return holders
+
+
+def test_an_unrecorded_pod_beside_a_plan_is_counted_on_the_gpus_the_plan_leaves():
+    # Held first, the best-fit choice for 2 GPUs on an empty node was the plan's own island.
+    snapshot = build_snapshot(nodes(SPEC), [bare_pod("bare", "n-0", 2)], [admitted_job().build()])
+    assert snapshot.displaced == {}
+    assert held_gpus(snapshot, "n-0") == {"team/a/0": [0, 1], "pod:team/bare-worker-0": [2, 3]}
+
+
+def test_an_unrecorded_pod_with_no_room_left_beside_a_plan_still_wins_by_count():
+    snapshot = build_snapshot(nodes(SPEC), [bare_pod("bare", "n-0", 3)], [admitted_job().build()])
+    [reason] = snapshot.displaced.values()
+    assert reason.startswith("planned GPU ") and reason.endswith("taken by pod:team/bare-worker-0")
+    assert len(held_gpus(snapshot, "n-0")["pod:team/bare-worker-0"]) == 3
+
+
+def test_unrecorded_pods_are_held_the_same_whatever_order_they_are_seen_in():
+    pods = [bare_pod(f"b{i}", "n-1", 1) for i in range(3)] + [bare_pod("c", "n-0", 1)]
+    jobs = [admitted_job().build()]
+
+    def holders(listed):
+        snapshot = build_snapshot(nodes(SPEC), listed, jobs)
+        return held_gpus(snapshot, "n-0"), held_gpus(snapshot, "n-1")
+
+    on_n0, on_n1 = holders(pods)
+    assert (on_n0, on_n1) == holders(pods[::-1])
+    assert on_n0["team/a/0"] == [0, 1] and len(on_n0) == 2
+    assert sorted(g for gpus in on_n1.values() for g in gpus) == [0, 1, 2]
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
