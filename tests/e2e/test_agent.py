@@ -22,6 +22,7 @@ from gangshare.core.annotations import (
     NODE_UTILIZATION,
     POD_ASSIGNED_GPUS,
     POD_PLANNED_GPUS,
+    POD_PLANNED_NODE,
     decode_node,
 )
 from gangshare.dev.realnode import RealNode
@@ -204,6 +205,26 @@ def test_an_assignment_that_differs_from_the_plan_is_recorded_and_named_in_an_ev
     [event] = eventually(mismatch, what="GpuAssignmentDiffersFromPlan event")
     assert event.type == "Warning"
     assert "the kubelet assigned GPUs 1,2; the plan recorded 0,3" in event.message
+
+
+def test_a_bare_pod_takes_the_gpus_a_gang_worker_not_bound_yet_is_planned_on_last(
+    kube: Kube, real_node: RealNode, agent: AgentProcess, namespace: str
+):
+    # An admitted gang's worker, still gated: its plan holds this node's only NVLink pair.
+    plan = {POD_PLANNED_NODE: real_node.name, POD_PLANNED_GPUS: "1,2"}
+    waiting = gpu_pod("w-worker-0", GPU, 2, PRINT_AND_WAIT, plan)
+    waiting.metadata.labels = {
+        "gangshare.io/job": "w",
+        "gangshare.io/rank": "0",
+        "gangshare.io/attempt": "0",
+    }
+    waiting.spec.scheduling_gates = [client.V1PodSchedulingGate(name="gangshare.io/admission")]
+    kube.core.create_namespaced_pod(namespace, waiting)
+    # kube-scheduler binds a bare pod beside it; alone, 1,2 would be the core's choice for two
+    # GPUs (test_a_pod_gets_exactly_the_gpus_the_plugin_preferred...), so the plan would break.
+    kube.core.create_namespaced_pod(namespace, gpu_pod("bare", GPU, 2, PRINT_AND_WAIT))
+    assert assigned(kube, namespace, "bare") == "0,3"
+    assert kube.core.read_namespaced_pod("w-worker-0", namespace).spec.node_name is None
 
 
 def test_an_opportunistic_trainingjob_runs_to_succeeded_on_the_real_node(

@@ -29,7 +29,7 @@ from gangshare.agent.devices import RESOURCES, DeviceMap
 from gangshare.agent.layers import detect_layers
 from gangshare.agent.metrics import AgentMetrics
 from gangshare.agent.nodeapi import POD_LIST_TIMEOUT, NodeApi
-from gangshare.agent.plan import plan_for_request
+from gangshare.agent.plan import Steering, steering_for_request
 from gangshare.agent.plugin import DevicePlugin
 from gangshare.agent.podresources import PodDevices, PodResourcesClient, allocated_devices
 from gangshare.agent.preference import observed_node
@@ -129,15 +129,19 @@ class Agent:
             samples = list(self._samples)
         return observed_node(self.config.node, self.devices, self.unhealthy(), samples, allocated)
 
-    def plan_for(self, resource: str, size: int) -> tuple[int, ...] | None:
+    def steering_for(self, resource: str, size: int) -> Steering:
         try:
             pods = self.api.pods_on_node(POD_LIST_TIMEOUT)
         except Exception as err:  # a slow API server must not fail the kubelet's admission
             log.warning("no plan lookup for %s x%d: %s", resource, size, err)
-            return None
+            return Steering()
+        try:
+            pods += self.api.gang_pods_not_bound(POD_LIST_TIMEOUT)
+        except Exception as err:
+            log.warning("no lookup of plans for pods not bound yet: %s", err)
         with self._lock:
             admitted = set(self._kubelet)
-        return plan_for_request(pods, admitted, resource, size)
+        return steering_for_request(pods, admitted, resource, size, self.config.node)
 
     def allocated(self) -> None:
         self.wake.set()

@@ -9,7 +9,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gangshare.core.annotations import POD_ASSIGNED_GPUS
+from gangshare.core.annotations import JOB_LABEL, POD_ASSIGNED_GPUS
 from gangshare.operator.kubeapi import post_event
 
 log = logging.getLogger("gangshare.agent")
@@ -37,6 +37,21 @@ class NodeApi:
     def pods_on_node(self, timeout: tuple[float, float] | None = None) -> list[dict[str, Any]]:
         response = self.core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={self.node}", _request_timeout=timeout
+        )
+        items: list[dict[str, Any]] = self.core.api_client.sanitize_for_serialization(response)[
+            "items"
+        ]
+        return items
+
+    def gang_pods_not_bound(
+        self, timeout: tuple[float, float] | None = None
+    ) -> list[dict[str, Any]]:
+        """Gang workers no node has yet, from the API server's cache: their plans name nodes."""
+        response = self.core.list_pod_for_all_namespaces(
+            label_selector=JOB_LABEL,
+            field_selector="spec.nodeName=",
+            resource_version="0",
+            _request_timeout=timeout,
         )
         items: list[dict[str, Any]] = self.core.api_client.sanitize_for_serialization(response)[
             "items"

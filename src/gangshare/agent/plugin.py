@@ -23,6 +23,7 @@ from gangshare.agent.allocation import allocate_container
 from gangshare.agent.devices import DeviceError, DeviceMap, check_resource
 from gangshare.agent.kubeletapi import deviceplugin_pb2 as api
 from gangshare.agent.kubeletapi import deviceplugin_pb2_grpc as rpc
+from gangshare.agent.plan import Steering
 from gangshare.agent.preference import preferred_devices
 from gangshare.core.annotations import GPU_RESOURCE
 from gangshare.core.node import NodeState
@@ -45,7 +46,7 @@ class NodeView(Protocol):
 
     def node_for(self, resource: str) -> NodeState: ...
 
-    def plan_for(self, resource: str, size: int) -> tuple[int, ...] | None: ...
+    def steering_for(self, resource: str, size: int) -> Steering: ...
 
     def allocated(self) -> None:
         """Called after every Allocate, so the assignment is read back soon."""
@@ -112,7 +113,7 @@ class Servicer(rpc.DevicePluginServicer):
         try:
             for ask in request.container_requests:
                 node = self.view.node_for(self.resource)
-                plan = self.view.plan_for(self.resource, ask.allocation_size)
+                steer = self.view.steering_for(self.resource, ask.allocation_size)
                 chosen = preferred_devices(
                     self.resource,
                     self.view.devices,
@@ -120,14 +121,16 @@ class Servicer(rpc.DevicePluginServicer):
                     list(ask.available_deviceIDs),
                     list(ask.must_include_deviceIDs),
                     ask.allocation_size,
-                    plan,
+                    steer.plan,
+                    steer.avoid,
                 )
                 log.info(
-                    "%s: preferred %s of %d available (plan %s)",
+                    "%s: preferred %s of %d available (plan %s, planned for others %s)",
                     self.resource,
                     ",".join(chosen),
                     len(ask.available_deviceIDs),
-                    plan,
+                    steer.plan,
+                    sorted(steer.avoid),
                 )
                 responses.append(api.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         except DeviceError as err:

@@ -57,8 +57,10 @@ def preferred_devices(
     must_include: Sequence[str],
     size: int,
     plan: tuple[int, ...] | None = None,
+    avoid: frozenset[int] = frozenset(),
 ) -> list[str]:
-    """Exactly `size` device IDs out of `available` (plus every `must_include`)."""
+    """Exactly `size` device IDs out of `available` (plus every `must_include`); the GPUs in
+    `avoid` (planned for other pods) only when the core finds no choice without them."""
     by_gpu: dict[int, list[str]] = {}
     for device_id in available:
         if device_id not in must_include:
@@ -70,10 +72,12 @@ def preferred_devices(
     wanted = size - len(chosen)
     if wanted <= 0:
         return chosen[:size]
+    # Short of GPUs nobody else waits for, the fallback takes as few planned ones as it can.
     order = _planned(plan, by_gpu, taken, wanted) or _core_choice(
-        resource, node, by_gpu, taken, wanted
+        resource, node, by_gpu, taken | avoid, wanted
     )
-    for index in order + _fallback(node, by_gpu, taken | set(order)):
+    rest = _fallback(node, by_gpu, taken | set(order))
+    for index in order + [i for i in rest if i not in avoid] + [i for i in rest if i in avoid]:
         if len(chosen) == size:
             break
         if by_gpu.get(index):

@@ -16,6 +16,7 @@ from agent_fakes import make_spec
 from gangshare.agent.devices import DeviceMap
 from gangshare.agent.kubeletapi import deviceplugin_pb2 as api
 from gangshare.agent.kubeletapi import deviceplugin_pb2_grpc as rpc
+from gangshare.agent.plan import Steering
 from gangshare.agent.plugin import DevicePlugin
 from gangshare.agent.preference import observed_node
 from gangshare.core.node import NodeState
@@ -67,8 +68,8 @@ class View:
     def node_for(self, resource: str) -> NodeState:
         return observed_node("real-0", self.devices, self.sick, [], {})
 
-    def plan_for(self, resource: str, size: int) -> tuple[int, ...] | None:
-        return self.plan
+    def steering_for(self, resource: str, size: int) -> Steering:
+        return Steering(self.plan)
 
     def allocated(self) -> None:
         self.allocations += 1

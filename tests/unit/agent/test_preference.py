@@ -6,7 +6,7 @@ from agent_fakes import make_spec, pod
 
 from gangshare.agent.backend import GpuSample
 from gangshare.agent.devices import DeviceMap
-from gangshare.agent.plan import plan_for_request
+from gangshare.agent.plan import Steering, plan_for_request, steering_for_request
 from gangshare.agent.preference import observed_node, preferred_devices
 
 GPU, SHARE = "nvidia.com/gpu", "gangshare.io/gpu-share"
@@ -21,10 +21,11 @@ def _prefer(
     plan: tuple[int, ...] | None = None,
     samples: list[GpuSample] | None = None,
     allocated: dict[str, list[str]] | None = None,
+    avoid: frozenset[int] = frozenset(),
 ) -> tuple[int, ...]:
     node = observed_node("real-0", devices, (), samples or [], allocated or {})
     offered = devices.device_ids(resource) if available is None else available
-    chosen = preferred_devices(resource, devices, node, offered, must or [], size, plan)
+    chosen = preferred_devices(resource, devices, node, offered, must or [], size, plan, avoid)
     assert len(chosen) == size
     assert set(chosen) <= set(offered) | set(must or [])
     return tuple(devices.gpu_of(resource, d).index for d in chosen)
@@ -96,3 +97,39 @@ def test_the_plan_is_used_only_when_exactly_one_waiting_pod_asks_for_this_much()
     # The only candidate has no plan (a bare pod): nothing to follow.
     assert plan_for_request([pod("d", GPU, 2)], set(), GPU, 2) is None
     assert plan_for_request([pod("e", GPU, 2, planned="1,x")], set(), GPU, 2) is None
+
+
+def test_gpus_planned_for_other_waiting_pods_are_taken_last() -> None:
+    devices = make_spec().gpus(8).islands([0, 1, 2, 3], [4, 5], [6, 7]).devices()
+    # The tightest island for two is [4, 5], but a gang worker waits for it.
+    assert sorted(_prefer(devices, GPU, 2, avoid=frozenset({4, 5}))) == [6, 7]
+    # With nothing else left, a planned GPU is still better than refusing the kubelet.
+    uuids = devices.device_ids(GPU)
+    available = [uuids[i] for i in (1, 4, 5)]
+    chosen = _prefer(devices, GPU, 2, available=available, avoid=frozenset({4, 5}))
+    assert 1 in chosen and len(set(chosen)) == 2
+
+
+def test_steering_names_the_plans_of_every_other_pod_waiting_for_this_node() -> None:
+    bare = pod("bare", GPU, 2)
+    bound_worker = pod("w0", GPU, 4, planned="0,1,2,3")
+    not_bound = pod("w1", GPU, 2, planned="4,5")
+    not_bound["spec"]["nodeName"] = None
+    not_bound["metadata"]["annotations"]["gangshare.io/planned-node"] = "real-0"
+    elsewhere = pod("w2", GPU, 2, planned="6,7")
+    elsewhere["spec"]["nodeName"] = None
+    elsewhere["metadata"]["annotations"]["gangshare.io/planned-node"] = "real-1"
+    running = pod("w3", GPU, 1, planned="7", phase="Running")
+    pods = [bare, bound_worker, not_bound, elsewhere, running]
+    # For the bare pod (the only one here asking for two): no plan, four planned GPUs to avoid.
+    assert steering_for_request(pods, set(), GPU, 2, "real-0") == Steering(
+        None, frozenset({0, 1, 2, 3, 4, 5})
+    )
+    # For the bound worker: its own plan, and the other worker's GPUs to avoid.
+    assert steering_for_request(pods, set(), GPU, 4, "real-0") == Steering(
+        (0, 1, 2, 3), frozenset({4, 5})
+    )
+    # Admitted by the kubelet, a pod waits for nothing any more.
+    admitted = {("ns", "w0")}
+    assert steering_for_request(pods, admitted, GPU, 2, "real-0").avoid == frozenset({4, 5})
+    assert steering_for_request(pods, set(), SHARE, 1, "real-0") == Steering()
