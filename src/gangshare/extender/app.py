@@ -36,7 +36,7 @@ from gangshare.extender.asgi import (
     read_body,
     respond,
 )
-from gangshare.extender.barrier import BARRIER_SECONDS, wait_for_gang
+from gangshare.extender.barrier import BARRIER_SECONDS, FILTER_BARRIER_SECONDS, wait_for_gang
 from gangshare.extender.binder import Binder, BindError
 from gangshare.extender.cache import ClusterCache
 from gangshare.extender.decisions import (
@@ -78,6 +78,7 @@ class VerbsApp:
         scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
         health: Health | None = None,
         gang_barrier_seconds: float = BARRIER_SECONDS,
+        filter_barrier_seconds: float = FILTER_BARRIER_SECONDS,
     ) -> None:
         self.cache = cache
         self.binder = binder
@@ -86,6 +87,7 @@ class VerbsApp:
         self.scheduler_names = scheduler_names
         self.health = health or Health(cache)
         self.gang_barrier_seconds = gang_barrier_seconds
+        self.filter_barrier_seconds = filter_barrier_seconds
         self.verbs: dict[str, Callable[[Any], Awaitable[tuple[Any, str]]]] = {
             "/filter": self.filter,
             "/prioritize": self.prioritize,
@@ -153,6 +155,11 @@ class VerbsApp:
                 # The plan may be committed but not yet watched: read it, do not wait minutes
                 # for kube-scheduler to retry an unschedulable pod.
                 await read_plan_through(cache, self.binder, pod)
+            if worker_identity(pod) is not None and not plan_unseen(cache, pod):
+                waiting = await wait_for_gang(cache, pod, self.filter_barrier_seconds)
+                if waiting is not None:
+                    why = f"gang not wholly ungated: {waiting}; not placing a part of it"
+                    return filter_result(args, [], dict.fromkeys(names, why), {}), "ok"
             with cache.lock:
                 ask = pod_ask(pod, cache.ledger)
                 if ask is None:

@@ -1,11 +1,17 @@
-"""The gang barrier at bind: a worker binds only once every worker of its gang exists ungated.
+"""The gang barrier: a worker passes only once every worker of its gang exists ungated.
 
 The operator lifts a gang's scheduling gates in one pass, but that is one API call per pod:
 without the barrier the first worker could be bound while a sibling is still gated, a gang
 partly placed for a moment (and for longer if the operator stops between two calls). Like
-the coscheduling plugin's Permit stage, bind waits a short while for the siblings; kube-
-scheduler binds asynchronously, so the wait blocks no other pod's scheduling, and the wait
-is a coroutine on the extender's loop, so it holds no thread either.
+the coscheduling plugin's Permit stage, the extender waits a short while for the siblings, a
+coroutine on its loop that holds no thread:
+- in filter (the shipped configuration, where kube-scheduler binds), for at most
+  FILTER_BARRIER_SECONDS. The wait holds kube-scheduler's scheduling loop, but the operator
+  lifts a gang's gates milliseconds apart, so in practice it lasts that long; a gang still
+  gated after it is refused with the reason, and kube-scheduler retries the worker on the next
+  cluster event (a sibling's bind is one);
+- in bind (under extender.bind), for at most BARRIER_SECONDS: kube-scheduler binds
+  asynchronously, so there the wait blocks no other pod's scheduling.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from gangshare.kube.trainingjob import worker_pod_name
 
 # Well inside kube-scheduler's extender httpTimeout (5 s by default).
 BARRIER_SECONDS = 2.0
+# Short: kube-scheduler schedules nothing else while a filter call is out.
+FILTER_BARRIER_SECONDS = 0.5
 POLL_SECONDS = 0.01
 
 

@@ -1,6 +1,8 @@
 """The extender's HTTP surface: real request shapes, clear 4xx errors, Error answers, metrics."""
 
+import asyncio
 import json
+from typing import Any
 
 from fastapi.testclient import TestClient
 from helpers import FakeBinder, cache_with, gpu_pod, recorded, trainingjob, worker
@@ -272,6 +274,38 @@ def test_a_read_through_never_overwrites_what_the_watch_delivered_meanwhile():
     assert not cache.fill_job("default/llm", stale, seen)
     assert cache.fill_job("default/llm", stale, cache.job_version("default/llm"))
     assert cache.cluster.node("h100-0").free_guaranteed == 6
+
+
+def test_a_gang_worker_passes_filter_only_once_every_sibling_exists_ungated():
+    cache = cache_with(H100)
+    cache.upsert_job(trainingjob("llm", [("h100-0", [0, 1]), ("h100-1", [0, 1])]))
+    first, second = worker("llm", 0, 2), worker("llm", 1, 2)
+    second["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
+    cache.upsert_pod(first)
+    cache.upsert_pod(second)
+    app = VerbsApp(cache, FakeBinder({}), ExtenderMetrics(), filter_barrier_seconds=0.05)  # type: ignore[arg-type]
+    client = TestClient(app, client=("127.0.0.1", 50000))
+    nodes = ["h100-0", "h100-1"]
+    refused = client.post("/filter", json=filter_body(first, nodes)).json()
+    assert refused["NodeNames"] == []
+    assert refused["FailedNodes"] == dict.fromkeys(
+        nodes, "gang not wholly ungated: worker 1 is still gated; not placing a part of it"
+    )
+    # The operator lifts the sibling's gate while the filter waits: it passes, on its plan.
+    del second["spec"]["schedulingGates"]
+
+    async def lift_soon() -> None:
+        await asyncio.sleep(0.02)
+        cache.upsert_pod(second)
+
+    async def filter_while_lifting() -> Any:
+        app.filter_barrier_seconds = 1.0
+        lifting = asyncio.create_task(lift_soon())
+        answer, _ = await app.filter(filter_body(first, nodes))
+        await lifting
+        return answer
+
+    assert asyncio.run(filter_while_lifting())["NodeNames"] == ["h100-0"]
 
 
 def test_a_gang_worker_binds_only_once_every_sibling_exists_ungated():
