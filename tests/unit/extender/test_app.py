@@ -276,12 +276,18 @@ def test_a_read_through_never_overwrites_what_the_watch_delivered_meanwhile():
     assert cache.cluster.node("h100-0").free_guaranteed == 6
 
 
-def test_a_gang_worker_passes_filter_only_once_every_sibling_exists_ungated():
+def gang_of_two_with_the_second_gated() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """An admitted two-worker gang, worker 0 in the cache; worker 1 still carries its gate."""
     cache = cache_with(H100)
     cache.upsert_job(trainingjob("llm", [("h100-0", [0, 1]), ("h100-1", [0, 1])]))
     first, second = worker("llm", 0, 2), worker("llm", 1, 2)
     second["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
     cache.upsert_pod(first)
+    return cache, first, second
+
+
+def test_a_gang_worker_passes_filter_only_once_every_sibling_exists_ungated():
+    cache, first, second = gang_of_two_with_the_second_gated()
     cache.upsert_pod(second)
     app = VerbsApp(cache, FakeBinder({}), ExtenderMetrics(), filter_barrier_seconds=0.05)  # type: ignore[arg-type]
     client = TestClient(app, client=("127.0.0.1", 50000))
@@ -309,11 +315,7 @@ def test_a_gang_worker_passes_filter_only_once_every_sibling_exists_ungated():
 
 
 def test_a_gang_worker_binds_only_once_every_sibling_exists_ungated():
-    cache = cache_with(H100)
-    cache.upsert_job(trainingjob("llm", [("h100-0", [0, 1]), ("h100-1", [0, 1])]))
-    first, second = worker("llm", 0, 2), worker("llm", 1, 2)
-    second["spec"]["schedulingGates"] = [{"name": "gangshare.io/gang"}]
-    cache.upsert_pod(first)
+    cache, _first, second = gang_of_two_with_the_second_gated()
     binder = FakeBinder({})
     app = VerbsApp(cache, binder, ExtenderMetrics(), gang_barrier_seconds=0.05)  # type: ignore[arg-type]
     client = TestClient(app, client=("127.0.0.1", 50000))
