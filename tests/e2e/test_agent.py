@@ -270,9 +270,18 @@ def test_a_gpu_that_fails_leaves_allocatable_and_is_published_unhealthy(
         timeout=30,
         what="GPU 3 out of allocatable",
     )
-    state = decode_node(real_node.name, {}, node_annotations(kube, real_node))
-    assert state is not None
-    assert [g.gpu.healthy for g in state.gpus] == [True, True, True, False]
+
+    # The kubelet's allocatable and the agent's Node annotation are two writers' records; the
+    # agent tells the kubelet first (ListAndWatch), then publishes on its next pass.
+    def published_health() -> list[bool] | None:
+        state = decode_node(real_node.name, {}, node_annotations(kube, real_node))
+        return None if state is None else [g.gpu.healthy for g in state.gpus]
+
+    eventually(
+        lambda: published_health() == [True, True, True, False],
+        timeout=30,
+        what="GPU 3 published unhealthy",
+    )
     assert "GPU 3 marked unhealthy: XID 79" in agent.logs()
 
 
