@@ -56,16 +56,6 @@ def steering_for_request(
     return Steering(plan, frozenset(avoid))
 
 
-def plan_for_request(
-    pods: Sequence[Mapping[str, Any]],
-    admitted: set[tuple[str, str]],
-    resource: str,
-    size: int,
-) -> tuple[int, ...] | None:
-    candidate = _candidate(pods, admitted, resource, size)
-    return _plan(candidate, size) if candidate is not None else None
-
-
 def _waiting(pod: Mapping[str, Any], admitted: set[tuple[str, str]]) -> bool:
     meta = pod.get("metadata") or {}
     if (pod.get("status") or {}).get("phase") not in WAITING_PHASES:

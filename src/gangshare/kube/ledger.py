@@ -351,8 +351,9 @@ class Ledger:
         owners = self._by_node.get(node_name, set())
         assumed = [c for c in self._assumed.values() if c.node == node_name]
         claims = [self._claims[o] for o in owners if o not in self._assumed] + assumed
+        unrecorded = {c.owner for c in claims if _unrecorded(c)}
         held, problems = self._hold_in_order(sorted(claims, key=_plans_before_unrecorded))
-        if any(_unrecorded(self._claims.get(owner)) for owner in problems):
+        if unrecorded & problems.keys():
             for owner in held:
                 self.cluster.release(owner)
             held, problems = self._hold_in_order(sorted(claims, key=_facts_first))
@@ -379,10 +380,10 @@ class Ledger:
         return held, problems
 
 
-def _unrecorded(claim: Claim | None) -> bool:
+def _unrecorded(claim: Claim) -> bool:
     """A bound pod whose GPUs nobody recorded: the default binder placed it and no node agent
     has read the kubelet's choice back (yet), so any GPUs of the count are as true as others."""
-    return claim is not None and claim.kind is ClaimKind.FACT and claim.indices is None
+    return claim.kind is ClaimKind.FACT and claim.indices is None
 
 
 def _facts_first(claim: Claim) -> tuple[ClaimKind, str]:

@@ -6,7 +6,7 @@ from agent_fakes import make_spec, pod
 
 from gangshare.agent.backend import GpuSample
 from gangshare.agent.devices import DeviceMap
-from gangshare.agent.plan import Steering, plan_for_request, steering_for_request
+from gangshare.agent.plan import Steering, steering_for_request
 from gangshare.agent.preference import observed_node, preferred_devices
 
 GPU, SHARE = "nvidia.com/gpu", "gangshare.io/gpu-share"
@@ -84,6 +84,9 @@ def test_a_plan_for_share_slots_picks_a_free_slot_on_each_planned_gpu() -> None:
 
 
 def test_the_plan_is_used_only_when_exactly_one_waiting_pod_asks_for_this_much() -> None:
+    def plan_for_request(pods, admitted, resource, size):
+        return steering_for_request(pods, admitted, resource, size, "real-0").plan
+
     one = [pod("a", GPU, 2, planned="4,5"), pod("b", GPU, 1, planned="0")]
     assert plan_for_request(one, set(), GPU, 2) == (4, 5)
     assert plan_for_request(one, set(), GPU, 1) == (0,)
