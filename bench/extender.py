@@ -224,6 +224,40 @@ class RunCpu:
     start_lag: float
 
 
+def follow_pods(
+    api: Any,
+    namespace: str,
+    seen: Any,
+    done: threading.Event,
+    errors: list[str],
+    seconds: float,
+) -> None:
+    """Every pod event of a namespace from now on to `seen(pod)` until it returns True, `done` is
+    set or `seconds` pass; the watch is opened again after any error (kept in `errors`)."""
+    from gangshare.kube.follow import watch_events
+
+    listing = json.loads(api.list_namespaced_pod(namespace, _preload_content=False).data)
+    version = listing["metadata"]["resourceVersion"]
+    deadline = time.monotonic() + seconds
+    while not done.is_set() and time.monotonic() < deadline:
+        try:
+            response = api.list_namespaced_pod(
+                namespace,
+                watch=True,
+                resource_version=version,
+                timeout_seconds=60,
+                _preload_content=False,
+            )
+            for event in watch_events(response):
+                pod = event["object"]
+                version = pod["metadata"].get("resourceVersion", version)
+                if seen(pod) or done.is_set():
+                    done.set()
+                    return
+        except Exception as err:  # keep watching; report what went wrong
+            errors.append(repr(err))
+
+
 class BindWatch:
     """Client-side bind times from a watch (sub-second, unlike the 1 s PodScheduled timestamps)."""
 
@@ -241,46 +275,28 @@ class BindWatch:
         self.settled_at = 0.0
         self.errors: list[str] = []
         self.done = threading.Event()
-        listing = json.loads(self.api.list_namespaced_pod(namespace, _preload_content=False).data)
-        self.version = listing["metadata"]["resourceVersion"]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        from gangshare.kube.follow import watch_events
+        follow_pods(self.api, self.namespace, self._seen, self.done, self.errors, 300)
 
-        deadline = time.monotonic() + 300
-        while not self.done.is_set() and time.monotonic() < deadline:
-            try:
-                response = self.api.list_namespaced_pod(
-                    self.namespace,
-                    watch=True,
-                    resource_version=self.version,
-                    timeout_seconds=60,
-                    _preload_content=False,
-                )
-                for event in watch_events(response):
-                    pod = event["object"]
-                    self.version = pod["metadata"].get("resourceVersion", self.version)
-                    if (
-                        pod.get("spec", {}).get("nodeName")
-                        and pod["metadata"]["name"] not in self.bound
-                    ):
-                        self.bound[pod["metadata"]["name"]] = time.perf_counter()
-                        if self.meter is not None and len(self.bound) == 1:
-                            self.meter.first = self.meter.read()
-                    if len(self.bound) >= self.expected and self.meter and not self.meter.last:
-                        self.meter.last = self.meter.read()
-                    if (pod.get("status") or {}).get("phase") == "Running":
-                        self.running.add(pod["metadata"]["name"])
-                    if len(self.running) >= self.expected and len(self.bound) >= self.expected:
-                        self.settled_at = time.perf_counter()
-                        if self.meter is not None:
-                            self.meter.settled = self.meter.read()
-                        self.done.set()
-                        return
-            except Exception as err:  # keep watching; report what went wrong
-                self.errors.append(repr(err))
+    def _seen(self, pod: dict[str, Any]) -> bool:
+        """Records one pod event; True once every pod is bound and running."""
+        if pod.get("spec", {}).get("nodeName") and pod["metadata"]["name"] not in self.bound:
+            self.bound[pod["metadata"]["name"]] = time.perf_counter()
+            if self.meter is not None and len(self.bound) == 1:
+                self.meter.first = self.meter.read()
+        if len(self.bound) >= self.expected and self.meter and not self.meter.last:
+            self.meter.last = self.meter.read()
+        if (pod.get("status") or {}).get("phase") == "Running":
+            self.running.add(pod["metadata"]["name"])
+        if len(self.running) >= self.expected and len(self.bound) >= self.expected:
+            self.settled_at = time.perf_counter()
+            if self.meter is not None:
+                self.meter.settled = self.meter.read()
+            return True
+        return False
 
     def wait(self, timeout: float) -> list[float]:
         self.done.wait(timeout)

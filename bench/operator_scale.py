@@ -60,11 +60,12 @@ from gangshare.core.queueing import Ordering, QueuePolicy
 from gangshare.core.spec import parse_cluster_spec
 from gangshare.dev import binaries
 from gangshare.dev.cluster import LocalCluster
+from gangshare.kube.client import connect
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from gangshare.operator.actions import Observation
 from gangshare.operator.informers import Informers
-from gangshare.operator.kubeapi import KubeApi, connect
+from gangshare.operator.kubeapi import KubeApi
 from gangshare.operator.lifecycle import detect_actions
 from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.reconcile import OperatorOptions, Reconciler

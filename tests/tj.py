@@ -63,15 +63,21 @@ def job_pods(kube: Kube, namespace: str, job: str) -> list[Any]:
 
 
 def partial_gangs(kube: Kube, namespace: str, jobs: dict[str, int]) -> list[str]:
-    """Gangs holding GPUs while incomplete: a worker bound while another is missing or gated."""
+    """Gangs holding GPUs while incomplete: a worker bound while another is missing, or gated
+    before the operator committed to lifting every gate (its GangScheduled condition, which
+    makes the lift finish whatever happens to the operator)."""
     broken = []
     for job, workers in jobs.items():
         pods = job_pods(kube, namespace, job)
         live = [p for p in pods if p.status.phase not in ("Succeeded", "Failed")]
         bound = [p for p in live if p.spec.node_name]
         gated = [p for p in pods if p.spec.scheduling_gates]
+        committed = any(
+            c["type"] == "GangScheduled" and c["status"] == "True"
+            for c in status(kube, namespace, job).get("conditions") or []
+        )
         # A worker that already finished still counts as part of the gang.
-        if bound and (len(pods) < workers or gated):
+        if bound and (len(pods) < workers or (gated and not committed)):
             broken.append(
                 f"{job}: {len(bound)} bound, {len(pods)} of {workers} exist, {len(gated)} gated"
             )

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from kubernetes import client
 
 from gangshare.core.annotations import NODE_UTILIZATION, encode_utilization
+from gangshare.kube.snapshot import build_snapshot
 from kube import Kube, NodePool, eventually, gpu_pod
 
 TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
@@ -190,6 +192,40 @@ def test_an_admitted_plan_holds_its_gpus_before_its_pods_exist(
     )
     kube.core.delete_namespaced_pod("early-worker-0", namespace, grace_period_seconds=0)
     assert pool.wait_bound(["bare"])["bare"][0] == x
+
+
+def test_a_burst_of_bare_pods_never_displaces_an_admitted_plan(
+    pool: NodePool, crd: Kube, namespace: str
+):
+    """20 one-GPU pods at once beside a 2x4 plan whose workers do not exist yet (kube-scheduler
+    counts nothing for them). The tightest place for a one-GPU pod is the last free GPU beside
+    each rank's plan; what filter hands out is held until the binding comes back, so no two
+    pods get one such GPU and the gang is never displaced."""
+    kube = crd
+    a, b, c = pool.nodes(3, 8, islands=[[0, 1, 2, 3], [4, 5, 6, 7]])
+    pool.occupy(a, [0, 1, 2])
+    pool.occupy(b, [0, 1, 2])
+    admit_by_hand(kube, namespace, "big", [(a, [4, 5, 6, 7]), (b, [4, 5, 6, 7])])
+    names = [f"burst-{i}" for i in range(20)]
+    for name in names:
+        pool.pod(name, 1)
+
+    def bare_placed() -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {k: v for k, v in pool.placements().items() if k.startswith("burst-")}
+
+    # 1 + 1 + 8 GPUs are free: ten pods bound, ten left waiting, and nothing more.
+    eventually(lambda: len(bare_placed()) >= 10, timeout=90, what="ten of 20 pods bound")
+    time.sleep(3)  # anything over-bound would show by now
+    placed = bare_placed()
+    per_node = {node: sum(1 for n, _ in placed.values() if n == node) for node in (a, b, c)}
+    assert per_node == {a: 1, b: 1, c: 8}, per_node
+    raw = kube.api_client.sanitize_for_serialization
+    snapshot = build_snapshot(
+        [raw(n) for n in kube.core.list_node().items],
+        [raw(p) for p in kube.core.list_pod_for_all_namespaces().items],
+        kube.custom.list_cluster_custom_object(*TJ[:2], TJ[2])["items"],
+    )
+    assert f"{namespace}/big" not in snapshot.displaced, snapshot.displaced
 
 
 def test_bind_binds_only_gangshares_own_pending_gpu_pods(

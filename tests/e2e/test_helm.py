@@ -299,7 +299,14 @@ def test_scheduler_config_has_the_shape_of_the_sample(helm: Helm):
     # Only where-it-runs values differ: in-cluster credentials, the Lease's namespace, loopback.
     assert config["clientConnection"] == {**sample["clientConnection"], "kubeconfig": ""}
     assert config["leaderElection"] == {**sample["leaderElection"], "resourceNamespace": "gs-sys"}
-    assert config["profiles"] == sample["profiles"] == [{"schedulerName": "gangshare-scheduler"}]
+    assert config["profiles"] == sample["profiles"]
+    # kube-scheduler's own preemption is off: preemption is the operator's, gang-aware.
+    assert sample["profiles"] == [
+        {
+            "schedulerName": "gangshare-scheduler",
+            "plugins": {"postFilter": {"disabled": [{"name": "DefaultPreemption"}]}},
+        }
+    ]
     [extender] = config["extenders"]
     [sample_extender] = sample["extenders"]
     assert extender == {**sample_extender, "urlPrefix": "http://127.0.0.1:8888/"}
@@ -326,7 +333,7 @@ def test_only_extender_bind_names_the_bind_verb_and_grants_the_extender_bindings
 def test_scheduler_name_and_extender_port_stay_consistent(helm: Helm):
     manifests = helm.render("--set", "schedulerName=team-gpu", "--set", "extender.port=9000")
     config = scheduler_config(manifests)
-    assert config["profiles"] == [{"schedulerName": "team-gpu"}]
+    assert [p["schedulerName"] for p in config["profiles"]] == ["team-gpu"]
     assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9000/"
     operator = containers(manifests[("Deployment", "gangshare-operator")])["operator"]
     assert "--scheduler-name=team-gpu" in operator["args"]
@@ -384,6 +391,7 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         "--user-error-retries=0",
         "--backoff-base-seconds=10",
         "--start-timeout=300",
+        "--unschedulable-release=5",
         "--stuck-pod-seconds=60",
         "--image-pull-grace=300",
         "--stall-seconds=120",
@@ -823,9 +831,8 @@ def test_install_creates_every_object_and_the_crd(kube: Kube, release: Release):
     )
     assert budget.spec.max_unavailable == 1
     config = kube.core.read_namespaced_config_map(f"{name}-scheduler-config", ns)
-    assert yaml.safe_load(config.data["scheduler-config.yaml"])["profiles"] == [
-        {"schedulerName": release.scheduler_name}
-    ]
+    profiles = yaml.safe_load(config.data["scheduler-config.yaml"])["profiles"]
+    assert [p["schedulerName"] for p in profiles] == [release.scheduler_name]
     # What the Grafana sidecar looks for (the content is checked when rendering).
     dashboard = kube.core.read_namespaced_config_map(f"{name}-dashboard-overview", ns)
     assert dashboard.metadata.labels["grafana_dashboard"] == "1"

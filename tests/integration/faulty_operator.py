@@ -29,10 +29,15 @@ def main() -> int:
 
     if faults.pod_create_delay:
         create = kubeapi.KubeApi.create
+        # One pod at a time (the operator creates a gang's pods side by side): a test that
+        # kills it "between two workers" needs the window.
+        one_at_a_time = threading.Lock()
 
         def slow_create(self: Any, kind: str, namespace: str, body: dict[str, Any]) -> bool:
-            created = create(self, kind, namespace, body)
-            if kind == "Pod":
+            if kind != "Pod":
+                return create(self, kind, namespace, body)
+            with one_at_a_time:
+                created = create(self, kind, namespace, body)
                 time.sleep(faults.pod_create_delay)
             return created
 

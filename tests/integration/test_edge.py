@@ -39,6 +39,22 @@ def with_template(name: str, meta: dict[str, Any], spec: dict[str, Any]) -> dict
 
 
 PRIVILEGED = {"containers": [{"name": "t", "image": "i", "securityContext": {"privileged": True}}]}
+FOUR_GPUS = {"limits": {"nvidia.com/gpu": "4"}}
+GPU_SIDECAR = {
+    "initContainers": [
+        {"name": "side", "image": "i", "restartPolicy": "Always", "resources": FOUR_GPUS}
+    ]
+}
+GPU_SECOND_CONTAINER = {
+    "containers": [
+        {"name": "t", "image": "i"},
+        {
+            "name": "helper",
+            "image": "i",
+            "resources": {"requests": {"gangshare.io/gpu-share": "2"}},
+        },
+    ]
+}
 
 
 @pytest.mark.parametrize(
@@ -73,6 +89,15 @@ PRIVILEGED = {"containers": [{"name": "t", "image": "i", "securityContext": {"pr
         (
             with_template("hostpath", {}, {"volumes": [{"name": "r", "hostPath": {"path": "/"}}]}),
             "spec.template.spec.volumes[].hostPath: hostPath volumes are not allowed",
+        ),
+        (
+            with_template("gpu-sidecar", {}, GPU_SIDECAR),
+            "spec.template.spec.initContainers[].resources: init containers and sidecars may not "
+            "ask for GPUs",
+        ),
+        (
+            with_template("gpu-helper", {}, GPU_SECOND_CONTAINER),
+            "spec.template.spec.containers[].resources: only the first container gets GPUs",
         ),
     ],
     ids=lambda value: value["metadata"]["name"] if isinstance(value, dict) else None,

@@ -6,7 +6,7 @@ from queue_cases import admitted, cohort, job, pending, policy
 
 from gangshare.core import ServiceClass
 from gangshare.core.cycle import PendingKind, schedule_cycle
-from gangshare.core.queueing import Ordering, RunningJob, policy_refusal
+from gangshare.core.queueing import Ordering, PodPriority, RunningJob, policy_refusal
 from gangshare.core.queues import QueueSpec
 
 # ----- accepted sizes, unknown queues ---------------------------------------------------------
@@ -66,6 +66,26 @@ def test_an_unknown_queue_is_inadmissible_only_when_queues_must_be_known():
     lenient = policy(QueueSpec("team"))
     cluster = make_cluster().nodes(1, gpus=4).build()
     assert admitted(schedule_cycle(cluster, [stray], [], lenient, 10)) == ["stray"]
+
+
+def test_a_templates_priority_class_is_bounded_by_its_queues_maximum_priority():
+    from dataclasses import replace
+
+    rules = policy(QueueSpec("team", max_priority=1000), QueueSpec("open"))
+    plain = job("plain", queue="team", at=1)
+    assert policy_refusal(rules, plain) is None
+    high = replace(plain, pod_priority=PodPriority("urgent", 1_000_000))
+    assert policy_refusal(rules, high) == (
+        "spec.template.spec.priorityClassName: PriorityClass urgent (value 1000000) is above "
+        "queue team's maximum priority of 1000"
+    )
+    assert policy_refusal(rules, replace(high, pod_priority=PodPriority("low", 1000))) is None
+    missing = replace(plain, pod_priority=PodPriority("typo", None))
+    assert policy_refusal(rules, missing) == (
+        "spec.template.spec.priorityClassName: PriorityClass typo does not exist"
+    )
+    # A queue without a maximum bounds nothing (the system-* classes are refused at the API).
+    assert policy_refusal(rules, replace(high, queue="open")) is None
 
 
 # ----- per-queue ordering and backfill --------------------------------------------------------

@@ -15,14 +15,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gangshare.agent.allocation import SOCKET_NAME
-from gangshare.agent.assignments import DIFFERS_FROM_PLAN, detect_assignments
+from gangshare.agent.assignments import DIFFERS_FROM_PLAN, detect_assignments, kubelet_keys
 from gangshare.agent.backend import GpuBackend, GpuSample
 from gangshare.agent.cgroups import pod_uid_of
+from gangshare.agent.checkpoint import CheckpointError, DeviceCheckpoint, DevicesByUid
 from gangshare.agent.control_loop import ControlLoop
 from gangshare.agent.coordinator import Coordinator
 from gangshare.agent.devices import RESOURCES, DeviceMap
@@ -72,6 +73,8 @@ class Agent:
         self.backend = backend
         self.api = api
         self.podresources = podresources
+        self.checkpoint = DeviceCheckpoint(config.plugin_dir)
+        self._checkpoint_problem: str | None = None
         self.clock = clock
         self.devices = DeviceMap(backend.inventory(), config.share_slots)
         self.socket_dir = str(config.socket_dir) if config.socket_dir else None
@@ -112,8 +115,9 @@ class Agent:
         self._samples: list[GpuSample] = []
         self._kubelet: dict[tuple[str, str], PodDevices] = {}
         self._topology_dirty = True
-        # Pods whose assigned-gpus matches the kubelet's devices, as last read.
-        self._confirmed: dict[tuple[str, str], Mapping[str, tuple[str, ...]]] = {}
+        # What the kubelet held at the last look whose assigned-gpus is written (or whose pod
+        # is gone): (namespace, name, pod UID, devices), see assignments.kubelet_keys.
+        self._confirmed: set[tuple[str, str, str, tuple[tuple[str, tuple[str, ...]], ...]]] = set()
         self._checked_at = float("-inf")
         self._topology_at = float("-inf")
 
@@ -266,30 +270,28 @@ class Agent:
 
     def _read_back(self) -> None:
         kubelet = self.podresources.list()
+        by_uid = self._read_checkpoint()
         with self._lock:
             self._kubelet = kubelet
         now = self.clock()
         # Listing pods every pass would cost the API server a request per node per second;
         # ask only when the kubelet holds something not yet confirmed, or to re-check now and
         # then that nobody changed what was written.
-        self._confirmed = {k: v for k, v in self._confirmed.items() if k in kubelet}
-        if not kubelet:
+        current = kubelet_keys(kubelet, by_uid)
+        self._confirmed &= current
+        if not current:
             return
-        unconfirmed = any(self._confirmed.get(k) != p.devices for k, p in kubelet.items())
-        if not unconfirmed and now - self._checked_at < RECHECK_SECONDS:
+        if current <= self._confirmed and now - self._checked_at < RECHECK_SECONDS:
             return
         self._checked_at = now
         pods = self.api.pods_on_node()
-        changes = detect_assignments(self.devices, kubelet, pods)
-        changed = {(c.namespace, c.name) for c in changes}
-        self._confirmed = {k: p.devices for k, p in kubelet.items() if k not in changed}
+        changes = detect_assignments(self.devices, kubelet, pods, by_uid)
+        unwritten: set[tuple[str, str]] = set()
         for change in changes:
             indices = encode_gpu_indices(change.indices)
             if not self.api.record_assignment(change.namespace, change.name, change.uid, indices):
+                unwritten.add((change.namespace, change.name))
                 continue
-            self._confirmed[(change.namespace, change.name)] = kubelet[
-                (change.namespace, change.name)
-            ].devices
             log.info("%s/%s: assigned GPUs %s", change.namespace, change.name, indices)
             if change.differs_from_plan:
                 self.api.pod_event(
@@ -300,3 +302,16 @@ class Agent:
                     DIFFERS_FROM_PLAN,
                     change.event_message(),
                 )
+        self._confirmed = {k for k in current if (k[0], k[1]) not in unwritten}
+
+    def _read_checkpoint(self) -> DevicesByUid | None:
+        """The kubelet's devices by pod UID; None (names alone then) when it cannot be read."""
+        try:
+            by_uid = self.checkpoint.read()
+        except CheckpointError as err:
+            if self._checkpoint_problem != str(err):
+                log.warning("kubelet device checkpoint unreadable (%s): pods matched by name", err)
+            self._checkpoint_problem = str(err)
+            return None
+        self._checkpoint_problem = None
+        return by_uid

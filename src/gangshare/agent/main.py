@@ -131,7 +131,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from gangshare.agent.agent import Agent, AgentConfig
     from gangshare.agent.nodeapi import NodeApi
     from gangshare.agent.podresources import PodResourcesClient
-    from gangshare.operator.kubeapi import connect
+    from gangshare.kube.client import connect
 
     if args.socket_dir is not None:
         args.socket_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.core.annotations import JOB_LABEL, POD_ASSIGNED_GPUS
-from gangshare.operator.kubeapi import post_event
+from gangshare.kube.client import post_event
 
 log = logging.getLogger("gangshare.agent")
 REPORTING_CONTROLLER = "gangshare.io/agent"

@@ -121,15 +121,15 @@ class Servicer(rpc.DevicePluginServicer):
                     list(ask.available_deviceIDs),
                     list(ask.must_include_deviceIDs),
                     ask.allocation_size,
-                    steer.plan,
+                    steer.plans,
                     steer.avoid,
                 )
                 log.info(
-                    "%s: preferred %s of %d available (plan %s, planned for others %s)",
+                    "%s: preferred %s of %d available (plans %s, planned for others %s)",
                     self.resource,
                     ",".join(chosen),
                     len(ask.available_deviceIDs),
-                    steer.plan,
+                    list(steer.plans),
                     sorted(steer.avoid),
                 )
                 responses.append(api.ContainerPreferredAllocationResponse(deviceIDs=chosen))

@@ -1,10 +1,12 @@
 """GetPreferredAllocation: which of the kubelet's available devices a container should get.
 
-The choice is the core's `choose_gpus`, the function the extender binds with, on the node as
+The choice is the core's `choose_gpus`, the function the extender uses, on the node as
 the agent sees it (allocations from PodResources, utilization from the backend): the tightest
-NVLink island for whole GPUs, the least-loaded GPUs for share slots. When exactly one pending
-pod on the node asks for this many devices and carries a recorded plan, its planned GPUs win
-if the kubelet still has them, so the plan and the truth agree whenever they can.
+NVLink island for whole GPUs, the least-loaded GPUs for share slots. A plan the steering
+names (plan.py: the one waiting pod's, or any of one gang's interchangeable siblings') wins
+when the kubelet can still give it whole, so the plan and the truth agree whenever they can.
+Short of one, the core chooses without the GPUs planned for others; short of that too, it
+chooses again among all that is left, the GPUs planned for others last, island by island.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def preferred_devices(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
-    plan: tuple[int, ...] | None = None,
+    plans: Sequence[tuple[int, ...]] = (),
     avoid: frozenset[int] = frozenset(),
 ) -> list[str]:
     """Exactly `size` device IDs out of `available` (plus every `must_include`); the GPUs in
@@ -72,12 +74,12 @@ def preferred_devices(
     wanted = size - len(chosen)
     if wanted <= 0:
         return chosen[:size]
-    # Short of GPUs nobody else waits for, the fallback takes as few planned ones as it can.
-    order = _planned(plan, by_gpu, taken, wanted) or _core_choice(
-        resource, node, by_gpu, taken | avoid, wanted
-    )
-    rest = _fallback(node, by_gpu, taken | set(order))
-    for index in order + [i for i in rest if i not in avoid] + [i for i in rest if i in avoid]:
+    order = next(
+        (served for plan in plans if (served := _planned(plan, by_gpu, taken, wanted))), []
+    ) or _core_choice(resource, node, by_gpu, taken | avoid, wanted)
+    # Short of GPUs nobody else waits for: as few planned ones as can be, island by island.
+    rest = _fallback(node, by_gpu, taken | set(order), avoid)
+    for index in order + rest:
         if len(chosen) == size:
             break
         if by_gpu.get(index):
@@ -113,7 +115,28 @@ def _core_choice(
     return list(picked) if picked else []
 
 
-def _fallback(node: NodeState, by_gpu: Mapping[int, list[str]], skip: set[int]) -> list[int]:
-    """Every other GPU with a free device, least loaded first."""
+def _fallback(
+    node: NodeState, by_gpu: Mapping[int, list[str]], skip: set[int], avoid: frozenset[int]
+) -> list[int]:
+    """Every other GPU with a free device: those planned for nobody first, then the planned
+    ones; within each, island by island (the one with most such GPUs first), least loaded
+    first, so a worker spread by necessity still spans as few islands as it can."""
+    island_of = {i: n for n, island in enumerate(node.islands) for i in island}
     candidates = [i for i in by_gpu if i not in skip]
-    return sorted(candidates, key=lambda i: (node.gpus[i].load(), i))
+
+    def order(planned: bool) -> list[int]:
+        group = [i for i in candidates if (i in avoid) is planned]
+        size: dict[int, int] = {}
+        for index in group:
+            size[island_of.get(index, -1)] = size.get(island_of.get(index, -1), 0) + 1
+        return sorted(
+            group,
+            key=lambda i: (
+                -size[island_of.get(i, -1)],
+                island_of.get(i, -1),
+                node.gpus[i].load(),
+                i,
+            ),
+        )
+
+    return order(False) + order(True)

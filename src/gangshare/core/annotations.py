@@ -42,6 +42,11 @@ POD_GPU_CAPS = f"{GROUP}/gpu-caps"
 POD_EVICTED = f"{GROUP}/evicted"
 # Which enforcement layers the node's agent found at start.
 NODE_ENFORCEMENT = f"{GROUP}/gpu-enforcement"
+# The operator's nudge to a gang worker the extender refused while a sibling was still gated:
+# a change to the pod itself is what makes kube-scheduler try it again at once.
+POD_GANG_READY = f"{GROUP}/gang-ready"
+# How the extender's gang barrier words a refusal (the operator recognizes it by this).
+GANG_BARRIER_REFUSAL = "gang not wholly ungated"
 
 # Keys under gangshare.io/ a tenant may set on a TrainingJob template: markers that only the
 # dev cluster's KWOK stages read. Every other gangshare.io/ key is written by gangshare alone.

@@ -18,7 +18,23 @@ from functools import cached_property
 from gangshare.core.job import GangRequest, ServiceClass
 from gangshare.core.queues import Ordering, QueueSpec, most_borrowable
 
-__all__ = ["Ordering", "QueuePolicy", "QueuedJob", "RunningJob", "order_lanes", "policy_refusal"]
+__all__ = [
+    "Ordering",
+    "PodPriority",
+    "QueuePolicy",
+    "QueuedJob",
+    "RunningJob",
+    "order_lanes",
+    "policy_refusal",
+]
+
+
+@dataclass(frozen=True)
+class PodPriority:
+    """The PriorityClass a job's pod template names, and its value (None: no such class)."""
+
+    class_name: str
+    value: int | None
 
 
 @dataclass(frozen=True)
@@ -30,6 +46,8 @@ class QueuedJob:
     priority: int = 0
     # Seconds the job is expected to run; None when nothing predicts it.
     runtime_estimate: float | None = None
+    # What its workers' priorityClassName makes them worth to kube-scheduler and the kubelet.
+    pod_priority: PodPriority | None = None
 
     @property
     def service_class(self) -> ServiceClass:
@@ -152,6 +170,9 @@ def policy_refusal(policy: QueuePolicy, job: QueuedJob) -> str | None:
     limit = policy.priority_limit(job.queue)
     if limit is not None and job.priority > limit:
         return f"spec.priority {job.priority} is above queue {job.queue}'s maximum of {limit}"
+    refused = _pod_priority_refusal(job, limit)
+    if refused is not None:
+        return refused
     quota = policy.quota(job.queue)
     if job.service_class is ServiceClass.GUARANTEED and quota is not None and job.gpus > quota:
         borrowable = most_borrowable(policy.queues, job.queue, own_quota=True)
@@ -163,6 +184,24 @@ def policy_refusal(policy: QueuePolicy, job: QueuedJob) -> str | None:
                 f"needs {job.gpus} guaranteed GPUs, more than queue {job.queue}'s "
                 f"whole quota of {quota}{beyond}"
             )
+    return None
+
+
+def _pod_priority_refusal(job: QueuedJob, limit: int | None) -> str | None:
+    """A queue's maximum priority bounds its jobs' PriorityClass values as well as their
+    spec.priority: a worker's class decides whom other schedulers' preemption and the
+    kubelet's eviction spare, so a tenant must not name more than the queue allows."""
+    asked = job.pod_priority
+    if asked is None:
+        return None
+    field = "spec.template.spec.priorityClassName"
+    if asked.value is None:
+        return f"{field}: PriorityClass {asked.class_name} does not exist"
+    if limit is not None and asked.value > limit:
+        return (
+            f"{field}: PriorityClass {asked.class_name} (value {asked.value}) is above queue "
+            f"{job.queue}'s maximum priority of {limit}"
+        )
     return None
 
 

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gangshare.core.annotations import GANG_BARRIER_REFUSAL
 from gangshare.extender.asgi import (
     HttpError,
     Receive,
@@ -36,13 +37,20 @@ from gangshare.extender.asgi import (
     read_body,
     respond,
 )
-from gangshare.extender.barrier import BARRIER_SECONDS, FILTER_BARRIER_SECONDS, wait_for_gang
+from gangshare.extender.barrier import (
+    BARRIER_SECONDS,
+    RefusalCounter,
+    gang_not_ready,
+    wait_for_gang,
+)
 from gangshare.extender.binder import Binder, BindError
 from gangshare.extender.cache import ClusterCache
 from gangshare.extender.decisions import (
     BadPod,
+    PodAsk,
     best_nodes,
     filter_nodes,
+    first_holding,
     gpus_for_bind,
     pod_ask,
     prioritize_nodes,
@@ -57,7 +65,7 @@ from gangshare.extender.wire import (
     filter_result,
     priority_json,
 )
-from gangshare.kube.claims import worker_identity
+from gangshare.kube.claims import pod_owner, worker_identity
 
 log = logging.getLogger("gangshare.extender")
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
@@ -78,7 +86,6 @@ class VerbsApp:
         scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
         health: Health | None = None,
         gang_barrier_seconds: float = BARRIER_SECONDS,
-        filter_barrier_seconds: float = FILTER_BARRIER_SECONDS,
     ) -> None:
         self.cache = cache
         self.binder = binder
@@ -87,7 +94,7 @@ class VerbsApp:
         self.scheduler_names = scheduler_names
         self.health = health or Health(cache)
         self.gang_barrier_seconds = gang_barrier_seconds
-        self.filter_barrier_seconds = filter_barrier_seconds
+        self.refusals = RefusalCounter()
         self.verbs: dict[str, Callable[[Any], Awaitable[tuple[Any, str]]]] = {
             "/filter": self.filter,
             "/prioritize": self.prioritize,
@@ -156,16 +163,23 @@ class VerbsApp:
                 # for kube-scheduler to retry an unschedulable pod.
                 await read_plan_through(cache, self.binder, pod)
             if worker_identity(pod) is not None and not plan_unseen(cache, pod):
-                waiting = await wait_for_gang(cache, pod, self.filter_barrier_seconds)
+                waiting = gang_not_ready(cache, pod)
+                meta = pod.get("metadata") or {}
+                owner = pod_owner(meta.get("namespace") or "default", meta.get("name", ""))
                 if waiting is not None:
-                    why = f"gang not wholly ungated: {waiting}; not placing a part of it"
+                    why = self.refusals.refusal_reason(owner, waiting, "placing")
                     return filter_result(args, [], dict.fromkeys(names, why), {}), "ok"
+                self.refusals.forget(owner)
             with cache.lock:
                 ask = pod_ask(pod, cache.ledger)
                 if ask is None:
                     return filter_result(args, names, {}, {}), "ok"
+                if not ask.gang:
+                    cache.forget(ask.owner)  # filtered again: its earlier node is not held
                 passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names, cache.memo)
                 best = best_nodes(cache.cluster, ask, passed, cache.memo)
+                if not ask.gang:
+                    best = hand_out(cache, ask, best)
         except BadPod as err:
             log.warning("filter %s: %s", args.pod_name, err)
             return filter_result(args, [], {}, {}, f"pod annotation {err}"), "error"
@@ -186,6 +200,10 @@ class VerbsApp:
                 ask = pod_ask(args.Pod, cache.ledger)
                 if ask is None:
                     return priority_json([(n, 0) for n in names]), "ok"
+                handed = cache.ledger.assumed_node(ask.owner)
+                if handed is not None:
+                    # Filter chose and holds it there; scoring its own hold would count twice.
+                    return priority_json([(n, 10 if n == handed else 0) for n in names]), "ok"
                 scores = prioritize_nodes(cache.cluster, ask, names, cache.memo)
         except Exception:
             # Scores are advice: on failure every node scores 0 and filter/bind still decide.
@@ -209,6 +227,20 @@ class VerbsApp:
         if error:
             log.warning("bind %s to %s: %s", who, args.Node, error)
         return {"Error": error}, "error" if error else "ok"
+
+
+def hand_out(cache: ClusterCache, ask: PodAsk, best: list[str]) -> list[str]:
+    """Filter's answer for a pod gangshare does not plan: one node, assumed at once (call with
+    the cache's lock held). kube-scheduler binds where filter says; until the watch brings
+    the binding back, the next filter must already count these GPUs, or two pods filtered in
+    that window both get the last free GPU beside an admitted gang's plan, and the gang is
+    displaced. An assumption that no binding confirms is forgotten after the TTL."""
+    held = first_holding(cache.cluster, ask, best)
+    if held is None:
+        return []
+    node, gpus = held
+    cache.assume(ask.owner, node, gpus, ask.request)
+    return [node]
 
 
 HEALTH_PATHS = ("/healthz", "/readyz")
@@ -318,7 +350,10 @@ async def _bind(
         if ask is None:
             who = f"{args.PodNamespace}/{args.PodName}"
             return f"pod {who} requests no GPUs; gangshare binds only GPU pods"
-        chosen = gpus_for_bind(cache.cluster, ask, args.Node)
+        held = None if ask.gang else cache.ledger.assumed_gpus(ask.owner, args.Node)
+        if held is None and not ask.gang:
+            cache.forget(ask.owner)  # filter handed it another node, or nothing
+        chosen = held or gpus_for_bind(cache.cluster, ask, args.Node)
         if isinstance(chosen, str):
             return chosen
         gpus = chosen
@@ -328,7 +363,7 @@ async def _bind(
     if ask.gang:
         waiting = await wait_for_gang(cache, pod, gang_barrier_seconds)
         if waiting is not None:
-            return f"gang not wholly ungated: {waiting}; not binding a part of it"
+            return f"{GANG_BARRIER_REFUSAL}: {waiting}; not binding a part of it"
     try:
         await binder.record_and_bind(pod, args.Node, gpus)
     except BindError as err:

@@ -19,7 +19,7 @@ from gangshare.core.clock import Clock
 from gangshare.core.job import WorkerRequest
 from gangshare.core.node import NodeState
 from gangshare.extender.decisions import NodeMemo
-from gangshare.kube.claims import gpu_request, job_key, pod_owner
+from gangshare.kube.claims import WorkerIdentity, gpu_request, job_key, pod_owner, worker_identity
 from gangshare.kube.ledger import Ledger
 from gangshare.kube.snapshot import decode_api_node
 
@@ -37,6 +37,9 @@ class ClusterCache:
         self._topology: dict[str, str] = {}
         # GPU pods as last seen, so bind needs no extra read of the pod.
         self._gpu_pods: dict[str, dict[str, Any]] = {}
+        # Gang workers by (job, uid, attempt): rank -> still gated (the gang barrier's view).
+        self._gangs: dict[tuple[str, str, int], dict[int, bool]] = {}
+        self._gang_of: dict[str, tuple[tuple[str, str, int], int]] = {}
         self._expiry: dict[str, float] = {}
         self._warned: dict[str, str] = {}
         self.memo = NodeMemo()
@@ -109,10 +112,34 @@ class ClusterCache:
         with self.lock:
             return self._gpu_pods.get(pod_owner(namespace, name))
 
+    def gang_members(self, who: WorkerIdentity) -> dict[int, bool]:
+        """rank -> gated, for the workers of `who`'s gang and attempt as last watched."""
+        with self.lock:
+            return self._gangs.get((who.job, who.uid, who.attempt), {})
+
+    def _index_worker(self, owner: str, pod: dict[str, Any] | None) -> None:
+        old = self._gang_of.pop(owner, None)
+        if old is not None:
+            members = self._gangs.get(old[0], {})
+            members.pop(old[1], None)
+            if not members:
+                self._gangs.pop(old[0], None)
+        who = worker_identity(pod) if pod is not None else None
+        if pod is None or who is None:
+            return
+        key = (who.job, who.uid, who.attempt)
+        gated = bool((pod.get("spec") or {}).get("schedulingGates"))
+        self._gangs.setdefault(key, {})[who.rank] = gated
+        self._gang_of[owner] = (key, who.rank)
+
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         gpu_pods = [p for p in pods if gpu_request(p) is not None]
         with self.lock:
             self._gpu_pods = {_owner(p): p for p in gpu_pods}
+            self._gangs.clear()
+            self._gang_of.clear()
+            for owner, pod in self._gpu_pods.items():
+                self._index_worker(owner, pod)
             for warning in self.ledger.replace_pods(gpu_pods):
                 log.warning(warning)
             self._expire_gone()
@@ -125,6 +152,7 @@ class ClusterCache:
         with self.lock:
             owner = _owner(pod)
             self._gpu_pods[owner] = pod
+            self._index_worker(owner, pod)
             warning = self.ledger.set_pod(pod)
             if warning:
                 log.warning(warning)
@@ -136,6 +164,7 @@ class ClusterCache:
         owner = pod_owner(namespace, name)
         with self.lock:
             self._gpu_pods.pop(owner, None)
+            self._index_worker(owner, None)
             self._expiry.pop(owner, None)
             self.ledger.remove_pod(namespace, name)
 

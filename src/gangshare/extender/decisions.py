@@ -207,6 +207,18 @@ def best_nodes(
     return [name for name, score in scores if score >= top - 1e-9][:MAX_BEST_NODES]
 
 
+def first_holding(
+    cluster: Cluster, ask: PodAsk, best: list[str]
+) -> tuple[str, tuple[int, ...]] | None:
+    """The one node (of gangshare's best) a pod gangshare does not plan is handed, with the
+    GPUs it is counted on there until its binding comes back; None when none holds it."""
+    for name in best:
+        gpus = choose_gpus(cluster.node(name), ask.request)
+        if gpus is not None:
+            return name, gpus
+    return None
+
+
 def prioritize_nodes(
     cluster: Cluster, ask: PodAsk, names: list[str], memo: NodeMemo | None = None
 ) -> list[tuple[str, int]]:

@@ -112,7 +112,7 @@ def run_extender(args: argparse.Namespace) -> int:
     from gangshare.extender.health import Health
     from gangshare.extender.metrics import ExtenderMetrics
     from gangshare.extender.watch import start_watches
-    from gangshare.operator.kubeapi import connect
+    from gangshare.kube.client import connect
 
     problem = verbs_exposure_error(args)
     if problem is not None:

@@ -8,9 +8,9 @@ pod's annotations. Any other pod claims GPUs only once bound to a node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cached_property
 from typing import Any
 
 from gangshare.core.annotations import (
@@ -27,8 +27,8 @@ from gangshare.core.annotations import (
 )
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.job import ServiceClass
-from gangshare.kube.quantity import QuantityError, to_int, to_mib
-from gangshare.kube.scheduling import TERMINAL_POD_PHASES, pod_constraints
+from gangshare.kube.quantity import to_mib
+from gangshare.kube.scheduling import TERMINAL_POD_PHASES, gpu_devices, pod_constraints
 from gangshare.kube.trainingjob import GROUP, KIND, worker_pod_name
 
 HOLDING_PHASES = ("Admitted", "Running")
@@ -87,15 +87,23 @@ class JobHold:
     memory_mib: int | None
     placement: tuple[tuple[int, str, tuple[int, ...]], ...]
     constraints: PodConstraints
+    # spec.topology says Required, NVLink scope: no worker may run across NVLink islands.
+    islands_required: bool = False
+    # The operator has committed to lifting every gate of this attempt (its GangScheduled
+    # condition, written before the first gate comes off): the gang barrier is passed.
+    lift_committed: bool = False
 
     def rank_owner(self, rank: int) -> str:
         return f"{self.key}/{rank}"
 
     def plan_of(self, rank: int) -> tuple[str, tuple[int, ...]] | None:
-        for placed, node, gpus in self.placement:
-            if placed == rank:
-                return node, gpus
-        return None
+        return self._plans.get(rank)
+
+    @cached_property
+    def _plans(self) -> dict[int, tuple[str, tuple[int, ...]]]:
+        # Asked for every worker of a gang on every pod event: a scan per rank made a 512-worker
+        # gang's events cost 512 x 512 steps each.
+        return {rank: (node, gpus) for rank, node, gpus in self.placement}
 
 
 def pod_owner(namespace: str, name: str) -> str:
@@ -108,27 +116,14 @@ def job_key(job: dict[str, Any]) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
-def container_gpus(container: Mapping[str, Any], resource: str) -> int:
-    """How many devices of a GPU resource one container asks for; 0 when unreadable (the API
-    server refuses such a pod)."""
-    resources = container.get("resources") or {}
-    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    try:
-        return to_int(asked.get(resource, 0), resource)
-    except QuantityError:
-        return 0
-
-
 def gpu_request(pod: dict[str, Any]) -> tuple[ServiceClass, int] | None:
-    """(class, GPUs) a pod asks for: whole GPUs are Guaranteed, share slots Opportunistic."""
-    whole = share = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        whole += container_gpus(container, GPU_RESOURCE)
-        share += container_gpus(container, SHARE_RESOURCE)
-    if whole:
-        return ServiceClass.GUARANTEED, whole
-    if share:
-        return ServiceClass.OPPORTUNISTIC, share
+    """(class, GPUs) a pod holds, counted over all its containers as the kubelet counts them
+    (a sidecar's GPUs included): whole GPUs are Guaranteed, share slots Opportunistic."""
+    asked = gpu_devices(pod.get("spec") or {})
+    if asked.get(GPU_RESOURCE):
+        return ServiceClass.GUARANTEED, asked[GPU_RESOURCE]
+    if asked.get(SHARE_RESOURCE):
+        return ServiceClass.OPPORTUNISTIC, asked[SHARE_RESOURCE]
     return None
 
 
@@ -225,6 +220,15 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
     except (KeyError, TypeError, ValueError) as err:
         return None, f"{key}: status.placement or spec unreadable ({err})"
     template_spec = ((spec.get("template") or {}).get("spec")) or {}
+    topology = spec.get("topology") or {}
+    islands_required = topology.get("policy") == "Required" and topology.get("scope", "NVLink") in (
+        "NVLink",
+        None,
+    )
+    lift_committed = any(
+        c.get("type") == "GangScheduled" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
     return (
         JobHold(
             key,
@@ -234,6 +238,8 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
             memory,
             placement,
             pod_constraints(template_spec),
+            islands_required,
+            lift_committed,
         ),
         None,
     )

@@ -1,8 +1,10 @@
-"""Holding one claim on its node: the recorded GPUs if they are still free, else why not (pure).
+"""Holding a node's claims: each on its recorded GPUs if they are still free, else why not (pure).
 
 A plan must get exactly its planned GPUs on a node that still takes it; a fact or an
 assumption whose recorded GPUs are gone is still counted, on whatever GPUs the core would give
-it, so a pod the kubelet may run is never forgotten.
+it, so a pod the kubelet may run is never forgotten. A node's claims are held in one order:
+recorded facts, assumptions, plans, then facts with no GPUs recorded; if one of those finds no
+room that way, every fact goes first after all (kube/ledger.py says why).
 """
 
 from __future__ import annotations
@@ -81,3 +83,45 @@ def _plan_conflict(node: NodeState, claim: Claim) -> str | None:
         if claim.service_class is ServiceClass.OPPORTUNISTIC and gpu.free_share_slots() < 1:
             return f"planned GPU {index} on {node.name} has no free share slot"
     return None
+
+
+def hold_node_claims(cluster: Cluster, claims: list[Claim]) -> tuple[set[str], dict[str, str]]:
+    """(owners held, owner -> why not as recorded) for one node's claims, in the ledger's order
+    (the node's earlier allocations already released)."""
+    unrecorded = {c.owner for c in claims if _unrecorded(c)}
+    held, problems = _hold_in_order(cluster, sorted(claims, key=_plans_before_unrecorded))
+    if unrecorded & problems.keys():
+        for owner in held:
+            cluster.release(owner)
+        held, problems = _hold_in_order(cluster, sorted(claims, key=_facts_first))
+    return held, problems
+
+
+def _hold_in_order(cluster: Cluster, claims: list[Claim]) -> tuple[set[str], dict[str, str]]:
+    held: set[str] = set()
+    problems: dict[str, str] = {}
+    for claim in claims:
+        problem = hold_claim(cluster, claim)
+        if problem is None:
+            held.add(claim.owner)
+        else:
+            problems[claim.owner] = problem
+            if cluster.allocations_of(claim.owner):
+                held.add(claim.owner)  # held by count, under a warning
+    return held, problems
+
+
+def _unrecorded(claim: Claim) -> bool:
+    """A bound pod whose GPUs nobody recorded: the default binder placed it and no node agent
+    has read the kubelet's choice back (yet), so any GPUs of the count are as true as others."""
+    return claim.kind is ClaimKind.FACT and claim.indices is None
+
+
+def _facts_first(claim: Claim) -> tuple[ClaimKind, str]:
+    return claim.kind, claim.owner
+
+
+def _plans_before_unrecorded(claim: Claim) -> tuple[bool, ClaimKind, str]:
+    # An unrecorded fact takes whatever GPUs the plans leave: a pod placed beside an admitted
+    # gang must not break the gang's plan by the accident of which indices it is counted on.
+    return _unrecorded(claim), claim.kind, claim.owner

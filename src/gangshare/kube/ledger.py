@@ -35,7 +35,8 @@ from gangshare.kube.claims import (
     pod_facts,
     pod_owner,
 )
-from gangshare.kube.holding import hold_claim
+from gangshare.kube.holding import hold_node_claims
+from gangshare.kube.trainingjob import worker_pod_name
 
 # Stands for a pod the ledger has no facts for (None means it has: none).
 _UNSEEN: object = object()
@@ -70,6 +71,34 @@ class Ledger:
             claim = self._claims.get(owner)
             if claim is not None and claim.kind is ClaimKind.PLAN and claim.job:
                 found.setdefault(claim.job, reason)
+        return found
+
+    def off_island(self) -> dict[str, str]:
+        """Gangs that require one NVLink island per worker whose bound worker was given GPUs
+        across islands by its node (the kubelet did not follow a plan that kept to one):
+        job key -> the first reason. Such a gang is released, not left running degraded."""
+        found: dict[str, str] = {}
+        for key in sorted(self._jobs):
+            hold = self._jobs[key]
+            if not hold.islands_required:
+                continue
+            for owner in sorted(self._workers.get(key, set())):
+                facts = self._pods.get(owner)
+                if facts is None or facts.node is None or facts.indices is None:
+                    continue
+                if facts.identity is None or self.verified_worker(facts) is None:
+                    continue
+                plan = hold.plan_of(facts.identity.rank)
+                node = self.cluster.nodes.get(facts.node)
+                if plan is None or node is None:
+                    continue
+                if _one_island(node, plan[1]) and not _one_island(node, facts.indices):
+                    found.setdefault(
+                        key,
+                        f"worker {facts.identity.rank} was given GPUs {list(facts.indices)} "
+                        f"on {facts.node}, across NVLink islands; spec.topology requires one "
+                        "island per worker",
+                    )
         return found
 
     def warnings(self) -> list[str]:
@@ -192,7 +221,8 @@ class Ledger:
     def assume(
         self, owner: str, node: str, indices: tuple[int, ...], request: WorkerRequest
     ) -> None:
-        """Hold GPUs for a bind in flight, until the bound pod (or forget) replaces it."""
+        """Hold GPUs for a pod handed a node, until its bound pod (or forget) replaces it."""
+        self._drop_assumption(owner)  # handed out again: the earlier node is free of it
         self._assumed[owner] = Claim(
             owner,
             ClaimKind.ASSUMED,
@@ -219,6 +249,18 @@ class Ledger:
     def is_assumed(self, owner: str) -> bool:
         return owner in self._assumed
 
+    def assumed_node(self, owner: str) -> str | None:
+        claim = self._assumed.get(owner)
+        return claim.node if claim is not None else None
+
+    def assumed_gpus(self, owner: str, node: str) -> tuple[int, ...] | None:
+        """The GPUs a pod is held on by assumption on `node` (as held: recorded if free)."""
+        claim = self._assumed.get(owner)
+        if claim is None or claim.node != node:
+            return None
+        held = [a for a in self.cluster.allocations_of(owner) if a.node == node]
+        return tuple(sorted(held[0].gpu_indices)) if held else None
+
     def assumed_owners(self) -> list[str]:
         return list(self._assumed)
 
@@ -230,14 +272,20 @@ class Ledger:
             self._pods[owner] = facts
             if facts.node is not None:
                 self._drop_assumption(owner)  # the bound pod is the truth now
-        jobs = {f.identity.job for f in (old, facts) if f is not None and f.identity is not None}
+        ranks = {
+            (f.identity.job, f.identity.rank)
+            for f in (old, facts)
+            if f is not None and f.identity is not None
+        }
         if old is not None and old.identity is not None:
             self._workers.get(old.identity.job, set()).discard(owner)
         if facts is not None and facts.identity is not None:
             self._workers.setdefault(facts.identity.job, set()).add(owner)
         self._derive_pod(owner)
-        for job in jobs:
-            self._derive_job(job)
+        # Only this worker's rank changes: re-deriving the whole gang on each of its pods'
+        # events cost a 512-worker gang 512 x 512 steps per event.
+        for job, rank in ranks:
+            self._derive_rank(job, rank)
         self._flush()
 
     def _replace_job(self, key: str, hold: JobHold | None) -> None:
@@ -268,54 +316,58 @@ class Ledger:
 
     def _derive_job(self, key: str) -> None:
         hold = self._jobs.get(key)
-        wanted: dict[str, Claim] = {}
-        if hold is not None:
-            bound: dict[int, PodFacts] = {}
-            for owner in self._workers.get(key, set()):
-                facts = self._pods.get(owner)
-                if (
-                    facts is not None
-                    and facts.node
-                    and facts.identity
-                    and self.verified_worker(facts)
-                ):
-                    bound[facts.identity.rank] = facts
-            for rank, node, gpus in hold.placement:
-                owner = hold.rank_owner(rank)
-                worker = bound.get(rank)
-                if worker is not None and worker.node is not None:
-                    indices = worker.indices or (gpus if worker.node == node else None)
-                    wanted[owner] = Claim(
-                        owner,
-                        ClaimKind.FACT,
-                        worker.node,
-                        hold.service_class,
-                        len(gpus),
-                        indices,
-                        hold.memory_mib,
-                        job=key,
-                    )
-                else:
-                    wanted[owner] = Claim(
-                        owner,
-                        ClaimKind.PLAN,
-                        node,
-                        hold.service_class,
-                        len(gpus),
-                        gpus,
-                        hold.memory_mib,
-                        hold.constraints.resources,
-                        key,
-                        hold.constraints,
-                    )
-        for owner in self._job_owners.get(key, set()) - set(wanted):
+        wanted = {hold.rank_owner(rank) for rank, _, _ in hold.placement} if hold else set()
+        for owner in self._job_owners.get(key, set()) - wanted:
             self._put(owner, None)
-        for owner, claim in wanted.items():
-            self._put(owner, claim)
-        if wanted:
-            self._job_owners[key] = set(wanted)
-        else:
+        if hold is None or not wanted:
             self._job_owners.pop(key, None)
+            return
+        self._job_owners[key] = wanted
+        for rank, node, gpus in hold.placement:
+            self._put(hold.rank_owner(rank), self._rank_claim(hold, rank, node, gpus))
+
+    def _derive_rank(self, key: str, rank: int) -> None:
+        hold = self._jobs.get(key)
+        plan = hold.plan_of(rank) if hold is not None else None
+        if hold is not None and plan is not None:
+            self._put(hold.rank_owner(rank), self._rank_claim(hold, rank, *plan))
+
+    def _rank_claim(self, hold: JobHold, rank: int, node: str, gpus: tuple[int, ...]) -> Claim:
+        """A rank's claim: its bound, current worker as a fact, else its plan. The worker is
+        found by name (`<job>-worker-<rank>`, the only name a worker may have)."""
+        owner = hold.rank_owner(rank)
+        namespace, _, job = hold.key.partition("/")
+        worker = self._pods.get(pod_owner(namespace, worker_pod_name(job, rank)))
+        if (
+            worker is not None
+            and worker.node is not None
+            and worker.identity is not None
+            and worker.identity.rank == rank
+            and self.verified_worker(worker) is hold
+        ):
+            indices = worker.indices or (gpus if worker.node == node else None)
+            return Claim(
+                owner,
+                ClaimKind.FACT,
+                worker.node,
+                hold.service_class,
+                len(gpus),
+                indices,
+                hold.memory_mib,
+                job=hold.key,
+            )
+        return Claim(
+            owner,
+            ClaimKind.PLAN,
+            node,
+            hold.service_class,
+            len(gpus),
+            gpus,
+            hold.memory_mib,
+            hold.constraints.resources,
+            hold.key,
+            hold.constraints,
+        )
 
     def _put(self, owner: str, claim: Claim | None) -> None:
         old = self._claims.get(owner)
@@ -351,12 +403,7 @@ class Ledger:
         owners = self._by_node.get(node_name, set())
         assumed = [c for c in self._assumed.values() if c.node == node_name]
         claims = [self._claims[o] for o in owners if o not in self._assumed] + assumed
-        unrecorded = {c.owner for c in claims if _unrecorded(c)}
-        held, problems = self._hold_in_order(sorted(claims, key=_plans_before_unrecorded))
-        if unrecorded & problems.keys():
-            for owner in held:
-                self.cluster.release(owner)
-            held, problems = self._hold_in_order(sorted(claims, key=_facts_first))
+        held, problems = hold_node_claims(self.cluster, claims)
         for claim in claims:
             problem = problems.get(claim.owner)
             if problem is None:
@@ -366,31 +413,6 @@ class Ledger:
         if held:
             self._held[node_name] = held
 
-    def _hold_in_order(self, claims: list[Claim]) -> tuple[set[str], dict[str, str]]:
-        held: set[str] = set()
-        problems: dict[str, str] = {}
-        for claim in claims:
-            problem = hold_claim(self.cluster, claim)
-            if problem is None:
-                held.add(claim.owner)
-            else:
-                problems[claim.owner] = problem
-                if self.cluster.allocations_of(claim.owner):
-                    held.add(claim.owner)  # held by count, under a warning
-        return held, problems
 
-
-def _unrecorded(claim: Claim) -> bool:
-    """A bound pod whose GPUs nobody recorded: the default binder placed it and no node agent
-    has read the kubelet's choice back (yet), so any GPUs of the count are as true as others."""
-    return claim.kind is ClaimKind.FACT and claim.indices is None
-
-
-def _facts_first(claim: Claim) -> tuple[ClaimKind, str]:
-    return claim.kind, claim.owner
-
-
-def _plans_before_unrecorded(claim: Claim) -> tuple[bool, ClaimKind, str]:
-    # An unrecorded fact takes whatever GPUs the plans leave: a pod placed beside an admitted
-    # gang must not break the gang's plan by the accident of which indices it is counted on.
-    return _unrecorded(claim), claim.kind, claim.owner
+def _one_island(node: NodeState, indices: tuple[int, ...]) -> bool:
+    return not node.islands or any(set(indices) <= set(island) for island in node.islands)

@@ -1,16 +1,18 @@
-"""What kube-scheduler reads from a pod and a node besides GPUs, turned into core objects (pure).
+"""What kube-scheduler reads from a pod and a node, turned into core objects (pure).
 
 A pod's constraints: nodeSelector, required node affinity, tolerations, and its
 effective requests (containers summed with sidecars, or the largest init
 container, plus overhead), as kube-scheduler's NodeResourcesFit computes them.
 A node's side: its taints, and what its allocatable leaves once every live pod
 bound to it has taken its requests. GPUs are the core's own model, so the GPU
-resources are left out of both.
+resources are left out of both; `gpu_devices` counts them apart, by the same rule
+(the kubelet's device manager hands out devices that way too: sidecars keep theirs
+beside the containers', a plain init container's are reused by the containers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import ROUND_CEILING
 from typing import Any
 
@@ -23,7 +25,7 @@ from gangshare.core.constraints import (
     Taint,
     Toleration,
 )
-from gangshare.kube.quantity import QuantityError, to_bytes
+from gangshare.kube.quantity import QuantityError, to_bytes, to_int
 
 GPU_RESOURCES = frozenset({GPU_RESOURCE, SHARE_RESOURCE})
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
@@ -60,13 +62,18 @@ def _add(into: dict[str, int], more: Mapping[str, int]) -> None:
         into[name] = into.get(name, 0) + amount
 
 
-def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Effective requests of a pod (non-GPU), plus one of the node's pod slots."""
+def effective_amounts(
+    spec: Mapping[str, Any], read: Callable[[Mapping[str, Any]], dict[str, int]]
+) -> dict[str, int]:
+    """What a pod takes of each resource `read` counts per container, as the scheduler and
+    the kubelet count it: the containers and native sidecars (init containers with
+    restartPolicy Always) together, or a plain init container (beside the sidecars started
+    before it) when that asks for more."""
     total: dict[str, int] = {}
     sidecars: dict[str, int] = {}
     peak: dict[str, int] = {}
     for init in spec.get("initContainers") or []:
-        asked = _container_requests(init)
+        asked = read(init)
         if init.get("restartPolicy") == "Always":
             _add(sidecars, asked)  # native sidecars run beside the app containers
             continue
@@ -74,13 +81,41 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
         for name, amount in asked.items():
             peak[name] = max(peak.get(name, 0), amount + sidecars.get(name, 0))
     for container in spec.get("containers") or []:
-        _add(total, _container_requests(container))
+        _add(total, read(container))
     _add(total, sidecars)
     for name, amount in peak.items():
         total[name] = max(total.get(name, 0), amount)
+    return total
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Effective requests of a pod (non-GPU), plus one of the node's pod slots."""
+    total = effective_amounts(spec, _container_requests)
     _add(total, _amounts(spec.get("overhead")))
     total["pods"] = 1
     return {name: amount for name, amount in total.items() if amount > 0}
+
+
+def container_gpus(container: Mapping[str, Any], resource: str) -> int:
+    """How many devices of a GPU resource one container asks for; 0 when unreadable (the API
+    server refuses such a pod)."""
+    resources = container.get("resources") or {}
+    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    try:
+        return to_int(asked.get(resource, 0), resource)
+    except QuantityError:
+        return 0
+
+
+def _container_gpu_devices(container: Mapping[str, Any]) -> dict[str, int]:
+    return {r: n for r in sorted(GPU_RESOURCES) if (n := container_gpus(container, r)) > 0}
+
+
+def gpu_devices(spec: Mapping[str, Any]) -> dict[str, int]:
+    """GPU resource -> devices the whole pod holds (every container kind, sidecars included):
+    the one reader of a pod's GPU request for the ledger, the extender, the agent and the
+    operator's manifests."""
+    return {r: n for r, n in effective_amounts(spec, _container_gpu_devices).items() if n > 0}
 
 
 def _requirements(raw: Iterable[Mapping[str, Any]] | None) -> tuple[Requirement, ...]:

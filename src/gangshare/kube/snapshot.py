@@ -30,6 +30,8 @@ class Snapshot:
     warnings: list[str] = field(default_factory=list)
     # Admitted gangs whose promise broke before all workers were bound: job key -> reason.
     displaced: dict[str, str] = field(default_factory=dict)
+    # Gangs that require one NVLink island per worker, run across islands: job key -> reason.
+    off_island: dict[str, str] = field(default_factory=dict)
 
 
 def parse_time(value: str | None) -> float | None:
@@ -123,4 +125,5 @@ def build_snapshot(
         running_jobs(jobs, default_runtime_seconds),
         warnings,
         ledger.displaced(),
+        ledger.off_island(),
     )

@@ -8,15 +8,16 @@ so they can land in a Failed condition instead of a crash loop.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gangshare.core.annotations import is_reserved_key
 from gangshare.core.constraints import UNCONSTRAINED, PodConstraints
 from gangshare.core.job import GangRequest, ServiceClass, Topology, TopologyPolicy, TopologyScope
-from gangshare.core.queueing import QueuedJob
+from gangshare.core.queueing import PodPriority, QueuedJob
 from gangshare.kube.quantity import QuantityError, to_mib
-from gangshare.kube.scheduling import pod_constraints
+from gangshare.kube.scheduling import GPU_RESOURCES, container_gpus, pod_constraints
 
 GROUP = "gangshare.io"
 VERSION = "v1alpha1"
@@ -74,6 +75,11 @@ class TrainingJobSpec:
     def total_gpus(self) -> int:
         return self.workers * self.gpus_per_worker
 
+    @property
+    def priority_class_name(self) -> str | None:
+        name = (self.template.get("spec") or {}).get("priorityClassName")
+        return str(name) if name else None
+
     def gang(self) -> GangRequest:
         return GangRequest(
             self.key,
@@ -86,7 +92,19 @@ class TrainingJobSpec:
             self.constraints,
         )
 
-    def queued(self, submitted_at: float, runtime_estimate: float | None = None) -> QueuedJob:
+    def queued(
+        self,
+        submitted_at: float,
+        runtime_estimate: float | None = None,
+        priority_classes: Mapping[str, int] | None = None,
+    ) -> QueuedJob:
+        """`priority_classes`: PriorityClass name -> value, to judge the template's class by."""
+        name = self.priority_class_name
+        pod_priority = (
+            PodPriority(name, (priority_classes or {}).get(name))
+            if name is not None and priority_classes is not None
+            else None
+        )
         return QueuedJob(
             self.key,
             self.gang(),
@@ -94,6 +112,7 @@ class TrainingJobSpec:
             self.queue,
             self.priority,
             runtime_estimate if runtime_estimate is not None else self.runtime_estimate_seconds,
+            pod_priority,
         )
 
 
@@ -186,11 +205,35 @@ def _check_template(template: dict[str, Any]) -> None:
                     f"spec.template.metadata.{kind}: {key} is reserved for gangshare "
                     "(keys under gangshare.io/ are written by gangshare itself)"
                 )
-    if (template.get("spec") or {}).get("nodeName"):
+    pod = template.get("spec") or {}
+    if pod.get("nodeName"):
         raise InvalidSpec(
             "spec.template.spec.nodeName: gangshare places every worker; use nodeSelector or "
             "node affinity to restrict where"
         )
+    _check_gpus_outside_first_container(pod)
+
+
+def _check_gpus_outside_first_container(pod: dict[str, Any]) -> None:
+    """GPUs belong to the first container, which gangshare sets from spec.gpusPerWorker; any
+    other container's (a sidecar's above all: the kubelet gives it devices of its own) would
+    be GPUs the job holds beyond what it was queued, admitted and planned for."""
+    kinds = [
+        ("initContainers", pod.get("initContainers") or []),
+        ("containers", (pod.get("containers") or [])[1:]),
+    ]
+    for kind, containers in kinds:
+        first = 1 if kind == "containers" else 0
+        for position, container in enumerate(containers, start=first):
+            if not isinstance(container, dict):
+                continue
+            for resource in sorted(GPU_RESOURCES):
+                if container_gpus(container, resource):
+                    raise InvalidSpec(
+                        f"spec.template.spec.{kind}[{position}].resources: may not ask for "
+                        f"{resource}; only the first container gets GPUs, set by gangshare "
+                        "from spec.gpusPerWorker"
+                    )
 
 
 def _missing(field: str) -> int:

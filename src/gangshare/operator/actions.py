@@ -19,6 +19,9 @@ class Actions:
     create_service: dict[str, Any] | None = None
     create_pods: list[dict[str, Any]] = field(default_factory=list)
     lift_gates: list[str] = field(default_factory=list)
+    # (pod, the refusal it answers): workers the gang barrier refused, for kube-scheduler to
+    # try again now that every gate is lifted (gangshare.io/gang-ready).
+    nudge_pods: list[tuple[str, str]] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
     # Pods long past their deletion deadline (their node is dead): removed without grace.
     force_delete_pods: list[str] = field(default_factory=list)
@@ -34,6 +37,7 @@ class Actions:
             or self.create_service
             or self.create_pods
             or self.lift_gates
+            or self.nudge_pods
             or self.delete_pods
             or self.force_delete_pods
             or self.delete_job
@@ -49,6 +53,9 @@ class Displacement:
     reason: str
     # A borrower reclaimed by its cohort's lenders: evicted whole even while running.
     preempted: bool = False
+    # A gang that requires one NVLink island per worker and was given GPUs across islands:
+    # released whole even while running.
+    off_island: bool = False
 
 
 @dataclass(frozen=True)

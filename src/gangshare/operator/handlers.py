@@ -18,6 +18,24 @@ from gangshare.operator.scheduler import SchedulerLoop
 log = logging.getLogger("gangshare.operator")
 
 
+def pod_listener(
+    reconciler: Reconciler, loop: SchedulerLoop, leading: Callable[[], bool] = lambda: True
+) -> Callable[[str, dict[str, Any]], None]:
+    """What the operator's pod watch (operator/informers.py) does with each event: a gang
+    worker's reconciles its job (dispatched, one at a time per job) and wakes the scheduling
+    loop. kopf's own pod watch decoded and processed every pod of the cluster a second time."""
+
+    def seen(kind: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(JOB_LABEL)
+        if not job or not meta.get("namespace") or not leading():
+            return
+        reconciler.reconcile_later(str(meta["namespace"]), str(job))
+        loop.poke()
+
+    return seen
+
+
 def build_registry(
     reconciler: Reconciler,
     loop: SchedulerLoop,
@@ -56,7 +74,7 @@ def build_registry(
 
     def reconcile_quietly(namespace: str, name: str) -> None:
         try:
-            reconciler.reconcile(namespace, name)
+            reconciler.reconcile_soon(namespace, name)
         except Exception:  # the scheduler's resync retries; a watch event must never be fatal
             log.exception("reconcile of %s/%s failed; will retry", namespace, name)
 
@@ -68,14 +86,6 @@ def build_registry(
             return
         if type != "DELETED" and namespace and job_needs_reconcile(body):
             reconcile_quietly(namespace, name)
-        loop.poke()
-
-    @kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        if not leading():
-            return
-        if namespace:
-            reconcile_quietly(namespace, labels[JOB_LABEL])
         loop.poke()
 
     @kopf.on.event(GROUP, VERSION, QUEUE_PLURAL, registry=registry)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -87,6 +88,9 @@ class Informers:
         self.jobs = Store("trainingjobs")
         self.nodes = Store("nodes")
         self.pods = Store("pods")
+        # Told every pod watch event once the store holds it (handlers.pod_listener): the pod
+        # watch the loop needs anyway is what drives the reconciles of gang workers too.
+        self.pod_listener: Callable[[str, dict[str, Any]], None] | None = None
 
     @property
     def stores(self) -> tuple[Store, Store, Store]:
@@ -137,7 +141,14 @@ class Informers:
         threads = [
             threading.Thread(
                 target=follow,
-                args=(store.name, call, store.replace, store.apply, stop, store.heard_from),
+                args=(
+                    store.name,
+                    call,
+                    store.replace,
+                    self._applier(store),
+                    stop,
+                    store.heard_from,
+                ),
                 kwargs={"missing_means_empty": missing},
                 name=f"operator-watch-{store.name}",
                 daemon=True,
@@ -147,3 +158,14 @@ class Informers:
         for thread in threads:
             thread.start()
         return threads
+
+    def _applier(self, store: Store) -> Callable[[str, dict[str, Any]], None]:
+        if store is not self.pods:
+            return store.apply
+
+        def apply(kind: str, obj: dict[str, Any]) -> None:
+            store.apply(kind, obj)
+            if self.pod_listener is not None:
+                self.pod_listener(kind, obj)
+
+        return apply

@@ -11,14 +11,14 @@ import logging
 import socket
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, cast
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from gangshare.core.annotations import JOB_LABEL
+from gangshare.core.annotations import JOB_LABEL, POD_GANG_READY
+from gangshare.kube.client import LEASE_TIMEOUT, post_event
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
@@ -34,46 +34,13 @@ class Invalid(Exception):
     """The API server refused an object as invalid (HTTP 422): retrying cannot help."""
 
 
-# (connect, read) seconds for every API call that does not set its own: a hung API server
-# must turn into an error the caller retries, never a thread that waits forever.
-DEFAULT_TIMEOUT = (5.0, 60.0)
-# Lease calls must end well within the renew deadline (operator/leader.py).
-LEASE_TIMEOUT = (2.0, 3.0)
-
-
-class TimeoutApiClient(client.ApiClient):
-    """An ApiClient whose calls time out by default (watches pass a longer read timeout)."""
-
-    def call_api(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("_request_timeout") is None:
-            kwargs["_request_timeout"] = DEFAULT_TIMEOUT
-        return super().call_api(*args, **kwargs)
-
-
-def connect(kubeconfig: str | None, pool_size: int | None = None) -> client.ApiClient:
-    """An API client; `pool_size` keeps that many connections open for reuse (the default,
-    5 per CPU, is for a few threads)."""
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = pool_size
-    return TimeoutApiClient(configuration=configuration)
-
-
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.events = client.EventsV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
         self.instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         # Told every TrainingJob as a status write returned it (the informers assume it).
         self.on_job_written: Callable[[dict[str, Any]], None] | None = None
@@ -130,6 +97,23 @@ class KubeApi:
             raise
         items: list[dict[str, Any]] = result["items"]
         return items
+
+    def list_priority_classes(self) -> dict[str, int] | None:
+        """PriorityClass name -> value; None when they may not be read (templates' classes
+        then go unjudged, with a warning, rather than every job waiting)."""
+        try:
+            response = self.scheduling.list_priority_class(_preload_content=False)
+        except ApiException as err:
+            if err.status in (401, 403):
+                log.warning(
+                    "PriorityClasses may not be read (%s): templates' classes unjudged", err.reason
+                )
+                return None
+            raise
+        return {
+            str(item["metadata"]["name"]): int(item.get("value", 0))
+            for item in self._items(response)
+        }
 
     def create_queue(self, body: dict[str, Any]) -> bool:
         """Create a Queue; False when it exists already."""
@@ -224,7 +208,11 @@ class KubeApi:
         """Create a Pod or Service; False when it already exists (creation is idempotent)."""
         try:
             if kind == "Pod":
-                self.core.create_namespaced_pod(namespace, cast(Any, body))
+                _drain(
+                    self.core.create_namespaced_pod(
+                        namespace, cast(Any, body), _preload_content=False
+                    )
+                )
             else:
                 self.core.create_namespaced_service(namespace, cast(Any, body))
         except ApiException as err:
@@ -242,7 +230,20 @@ class KubeApi:
 
     def lift_gate(self, namespace: str, pod: str) -> None:
         try:
-            self.core.patch_namespaced_pod(pod, namespace, {"spec": {"schedulingGates": None}})
+            _drain(
+                self.core.patch_namespaced_pod(
+                    pod, namespace, {"spec": {"schedulingGates": None}}, _preload_content=False
+                )
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def nudge_pod(self, namespace: str, pod: str, mark: str) -> None:
+        """A change to the pod itself, which is what makes kube-scheduler try it again."""
+        body = {"metadata": {"annotations": {POD_GANG_READY: mark}}}
+        try:
+            _drain(self.core.patch_namespaced_pod(pod, namespace, body, _preload_content=False))
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -250,10 +251,12 @@ class KubeApi:
     def delete_pod(self, namespace: str, pod: str, force: bool = False) -> None:
         """Delete a pod; `force` removes it at once, for a pod whose kubelet is gone."""
         try:
-            if force:
-                self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
-            else:
-                self.core.delete_namespaced_pod(pod, namespace)
+            grace = 0 if force else None
+            _drain(
+                self.core.delete_namespaced_pod(
+                    pod, namespace, grace_period_seconds=grace, _preload_content=False
+                )
+            )
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -303,39 +306,16 @@ class KubeApi:
         )
 
 
+def _drain(response: Any) -> None:
+    """Read and let go of a raw response whose body nobody needs: turning each answer into the
+    client's model objects was most of the operator's CPU while it created a large gang."""
+    response.read()
+    response.release_conn()
+
+
 def _api_message(err: ApiException) -> str:
     try:
         message: str = json.loads(err.body or "{}").get("message") or str(err.reason)
     except (ValueError, AttributeError):
         message = str(err.reason)
     return message
-
-
-def post_event(
-    events: client.EventsV1Api,
-    regarding: client.V1ObjectReference,
-    kind: str,
-    reason: str,
-    message: str,
-    action: str,
-    controller: str,
-    instance: str,
-) -> None:
-    """An events.k8s.io event about `regarding`. An event is a courtesy and must never fail
-    the caller's work, but a refused one is logged."""
-    namespace = cast(str, regarding.namespace)  # every object we report on is namespaced
-    event = client.EventsV1Event(
-        metadata=client.V1ObjectMeta(generate_name=f"{regarding.name}-", namespace=namespace),
-        event_time=datetime.now(UTC),
-        type=kind,
-        reason=reason,
-        note=message[:1024],
-        action=action,
-        reporting_controller=controller,
-        reporting_instance=instance,
-        regarding=regarding,
-    )
-    try:
-        events.create_namespaced_event(namespace, event)
-    except ApiException as err:
-        log.warning("event %s for %s/%s refused: %s", reason, namespace, regarding.name, err.reason)

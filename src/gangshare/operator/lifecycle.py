@@ -20,16 +20,16 @@ from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import condition, iso, set_condition
-from gangshare.operator.manifests import GANG_GATE, headless_service, worker_pod
+from gangshare.operator.manifests import headless_service, worker_pod
 from gangshare.operator.pod_failures import detect_failure, is_deleting, pull_grace_left
 from gangshare.operator.requeue import (
-    Release,
     handle_failure,
     release_gang,
     requeue_evicted,
+    requeue_off_island,
     requeue_preempted,
-    start_timeout_delay,
 )
+from gangshare.operator.starting import gang_nudges, gated, release_before_start
 
 TERMINAL = ("Succeeded", "Failed")
 __all__ = ["Actions", "Event", "Limits", "Observation", "detect_actions"]
@@ -46,6 +46,9 @@ class Limits:
     stuck_pod_seconds: float = 60.0
     # The kubelet's own image-pull retries get this long before the gang restarts elsewhere.
     image_pull_grace_seconds: float = DEFAULT_IMAGE_PULL_GRACE_SECONDS
+    # A gang partly bound while kube-scheduler refuses a worker for a reason of its own is
+    # released this long after its first worker was bound (operator/starting.py).
+    unschedulable_seconds: float = 5.0
 
 
 def detect_actions(
@@ -157,6 +160,8 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
         return
     if requeue_preempted(status, current, seen, gen, actions):
         return
+    if requeue_off_island(status, current, seen, gen, actions, gang.retry.backoff_base_seconds):
+        return
     failure = detect_failure(
         spec.workers, current, created, seen.now, gang.limits.image_pull_grace_seconds
     )
@@ -167,10 +172,22 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     if pulling is not None:
         wake(actions, pulling)
     if status.get("phase") == "Admitted" and not _all_bound(current, spec.workers):
-        release = _release(gang, actions)
+        release, later = release_before_start(
+            status,
+            current,
+            spec.workers,
+            seen,
+            gang.limits.start_timeout_seconds,
+            gang.limits.unschedulable_seconds,
+            gang.retry.backoff_base_seconds,
+        )
         if release is not None:
             release_gang(status, current, release, seen.now, gen, actions)
             return
+        if later is not None:
+            wake(actions, later)
+        if created:
+            actions.nudge_pods = gang_nudges(current, spec.workers)
     placement = {int(w["rank"]): w for w in status.get("placement") or []}
     if not created:
         if not seen.has_service:
@@ -190,8 +207,9 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
                     )
                 )
         if len(current) == spec.workers:
-            # The whole gang exists: release every gate in one step.
-            actions.lift_gates = [_name(p) for p in current.values() if _gated(p)]
+            # The whole gang exists: commit to starting it (the status, written first, is what
+            # the gang barrier passes on), then release every gate in one step.
+            actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
             message = f"all {spec.workers} workers created; scheduling gates lifted together"
             actions.status["conditions"] = set_condition(
                 status.get("conditions"),
@@ -204,6 +222,8 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
             )
             actions.events.append(Event("Normal", "GangScheduled", message))
         return
+    # Committed but interrupted (the operator stopped between two lifts): finish the lift.
+    actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
     phases = [p.get("status", {}).get("phase") for p in current.values()]
     if len(current) == spec.workers and all(ph == "Succeeded" for ph in phases):
         message = f"all {spec.workers} workers succeeded"
@@ -248,51 +268,6 @@ def as_admitted(spec: TrainingJobSpec, job: dict[str, Any]) -> TrainingJobSpec:
     """The spec with the class admission decided: its workers ask for that class's GPUs."""
     decided = admitted_class(job)
     return spec if decided is spec.service_class else replace(spec, service_class=decided)
-
-
-def _release(gang: _Gang, actions: Actions) -> Release | None:
-    """Why an admitted gang whose workers are not all bound must give its GPUs back, if so."""
-    status, seen = gang.status, gang.seen
-    attempt = int(status.get("attempt", 0))
-    if seen.displaced is not None and seen.displaced.attempt == attempt:
-        return Release(
-            "GangDisplaced",
-            f"the gang's plan broke before it started ({seen.displaced.reason}); "
-            "requeued, keeping its place in the queue",
-        )
-    admitted = parse_time(status.get("admittedAt"))
-    if admitted is None:
-        return None
-    deadline = admitted + gang.limits.start_timeout_seconds
-    if seen.now < deadline:
-        wake(actions, deadline - seen.now)
-        return None
-    delay = start_timeout_delay(status, gang.retry.backoff_base_seconds)
-    return Release(
-        "GangStartTimeout",
-        f"workers not all bound {gang.limits.start_timeout_seconds:.0f}s after admission "
-        f"({_unbound_reason(gang.current, gang.spec.workers)}); GPUs released, "
-        f"requeued in {delay:.0f}s",
-        delay,
-        timed_out=True,
-    )
-
-
-def _unbound_reason(current: dict[int, dict[str, Any]], workers: int) -> str:
-    """What kube-scheduler said about the first worker that is not bound."""
-    for rank in range(workers):
-        pod = current.get(rank)
-        if pod is None:
-            return f"worker {rank} was never created"
-        if (pod.get("spec") or {}).get("nodeName"):
-            continue
-        if _gated(pod):
-            return f"worker {rank} is still gated"
-        scheduled = condition((pod.get("status") or {}).get("conditions"), "PodScheduled")
-        if scheduled and scheduled.get("message"):
-            return f"worker {rank}: {scheduled['message']}"
-        return f"worker {rank} is not bound yet"
-    return "every worker is bound"
 
 
 def _finish_restart(
@@ -366,12 +341,6 @@ def _name(pod: dict[str, Any]) -> str:
 
 def _terminal(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in TERMINAL
-
-
-def _gated(pod: dict[str, Any]) -> bool:
-    return any(
-        g.get("name") == GANG_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or []
-    )
 
 
 def _is_true(status: dict[str, Any], kind: str) -> bool:

@@ -71,6 +71,14 @@ def add_operator_command(commands: Any) -> None:
         "are released and it is requeued",
     )
     op.add_argument(
+        "--unschedulable-release",
+        type=float,
+        default=5.0,
+        help="seconds after a gang's first worker was bound that a sibling kube-scheduler "
+        "refuses for a reason of its own (pod affinity, spread, volumes, ports) releases the "
+        "whole gang (no partial gang runs longer)",
+    )
+    op.add_argument(
         "--stuck-pod-seconds",
         type=float,
         default=60.0,
@@ -145,9 +153,10 @@ def parse_priority_limits(values: list[str]) -> dict[str, int]:
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from gangshare.operator.handlers import build_registry
+    from gangshare.kube.client import connect
+    from gangshare.operator.handlers import build_registry, pod_listener
     from gangshare.operator.informers import Informers
-    from gangshare.operator.kubeapi import KubeApi, connect
+    from gangshare.operator.kubeapi import KubeApi
     from gangshare.operator.leader import LeaderElector
     from gangshare.operator.lifecycle import Limits
     from gangshare.operator.metrics import OperatorMetrics, serve
@@ -174,7 +183,12 @@ def run_operator(args: argparse.Namespace) -> int:
         scheduler_name=args.scheduler_name,
         user_error_retries=args.user_error_retries,
         backoff_base_seconds=args.backoff_base_seconds,
-        limits=Limits(args.start_timeout, args.stuck_pod_seconds, args.image_pull_grace),
+        limits=Limits(
+            start_timeout_seconds=args.start_timeout,
+            stuck_pod_seconds=args.stuck_pod_seconds,
+            image_pull_grace_seconds=args.image_pull_grace,
+            unschedulable_seconds=args.unschedulable_release,
+        ),
     )
     metrics = OperatorMetrics()
     try:
@@ -211,6 +225,7 @@ def run_operator(args: argparse.Namespace) -> int:
         leading=leading,
         informers=informers,
     )
+    informers.pod_listener = pod_listener(reconciler, loop, leading)
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
     thread.start()
     if elector is not None:

@@ -1,7 +1,8 @@
 """Carry out what `lifecycle.detect_actions` decided (the side-effecting `process_*` half).
 
-Order matters for crash safety: pods are created and their gates lifted before
-the status says GangScheduled (else a crash could leave a gang gated forever);
+Order matters for crash safety: pods are created before the status says GangScheduled, and
+the gates are lifted after it (GangScheduled commits the lift: any reconcile that finds it with
+a gate still on lifts the rest, and the extender's gang barrier passes on it);
 a restart or failure is written to status before its pods are deleted (else a
 crash would make the deletion look like a second, infrastructure failure).
 Anything the API server refuses for good (422 on the Service or a pod built from
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gangshare.core.clock import Clock
 from gangshare.operator.actions import Actions, Displacement, Observation
@@ -24,8 +28,25 @@ from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
 from gangshare.operator.lifecycle import Limits, detect_actions
 from gangshare.operator.metrics import OperatorMetrics
 
+T = TypeVar("T")
 log = logging.getLogger("gangshare.operator")
 MAX_PASSES = 4
+# Reconciles for pod watch events run on these (as kopf's handlers did on its own 8).
+EVENT_WORKERS = 8
+EVENT_GATHER_SECONDS = 0.05
+# Per-pod calls of one reconcile (gate lifts, nudges) made side by side.
+POD_CALL_WORKERS = 16
+_pod_calls = ThreadPoolExecutor(POD_CALL_WORKERS, thread_name_prefix="pod-calls")
+
+
+def _side_by_side(call: Callable[[T], None], items: Sequence[T]) -> None:
+    """Every call made, side by side; the first error is raised once all have ended."""
+    if len(items) <= 1:
+        for item in items:
+            call(item)
+        return
+    for future in [_pod_calls.submit(call, item) for item in items]:
+        future.result()
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,9 @@ class Reconciler:
         # looks only at jobs nobody has looked at for a while)
         self._reconciled_at: dict[str, float] = {}
         self._wake_lock = threading.Lock()
+        # Jobs with a watch event's reconcile waiting to start (reconcile_soon, _later).
+        self._waiting: set[str] = set()
+        self._events = ThreadPoolExecutor(EVENT_WORKERS, thread_name_prefix="reconcile-event")
 
     def due(self, now: float) -> list[str]:
         """Jobs whose requested wake-up time has come."""
@@ -87,6 +111,52 @@ class Reconciler:
         key = f"{namespace}/{name}"
         with self._locks[key]:
             requeue = self._reconcile(namespace, name, displaced)
+        return self._reconciled(key, requeue)
+
+    def reconcile_soon(self, namespace: str, name: str) -> None:
+        """A reconcile for a watch event, coalesced: when one for the job is already waiting
+        to start, this event adds nothing (that one reads everything afresh once it starts).
+        A 512-worker gang sends thousands of pod events, each of which used to cost a
+        reconcile that lists all 512 pods."""
+        if self._claim_wait(namespace, name):
+            self._reconcile_waiting(namespace, name)
+
+    def reconcile_later(self, namespace: str, name: str) -> None:
+        """reconcile_soon on the reconciler's own workers (for a watch thread, which must not
+        wait for a reconcile); an event for a job already waiting costs nothing."""
+        if self._claim_wait(namespace, name):
+            self._events.submit(self._reconcile_quietly, namespace, name)
+
+    def _claim_wait(self, namespace: str, name: str) -> bool:
+        key = f"{namespace}/{name}"
+        with self._wake_lock:
+            if key in self._waiting:
+                return False
+            self._waiting.add(key)
+            return True
+
+    def _reconcile_quietly(self, namespace: str, name: str) -> None:
+        # A gang's pods change in bursts (hundreds of events a second for a large one): a
+        # moment's wait lets one reconcile, and one listing of the gang's pods, answer them.
+        time.sleep(EVENT_GATHER_SECONDS)
+        try:
+            self._reconcile_waiting(namespace, name)
+        except Exception:  # the backstop resync retries; a watch event must never be fatal
+            log.exception("reconcile of %s/%s failed; will retry", namespace, name)
+
+    def _reconcile_waiting(self, namespace: str, name: str) -> None:
+        key = f"{namespace}/{name}"
+        try:
+            with self._locks[key]:
+                with self._wake_lock:
+                    self._waiting.discard(key)
+                requeue = self._reconcile(namespace, name, None)
+        finally:
+            with self._wake_lock:
+                self._waiting.discard(key)
+        self._reconciled(key, requeue)
+
+    def _reconciled(self, key: str, requeue: float | None) -> float | None:
         with self._wake_lock:
             self._reconciled_at[key] = self.clock.now()
             if requeue is None:
@@ -134,13 +204,24 @@ class Reconciler:
         except Refused as refused:
             self._fail_refused(job, refused, [p["metadata"]["name"] for p in actions.create_pods])
             return
-        for pod_name in actions.lift_gates:
-            self.api.lift_gate(namespace, pod_name)
         if actions.status:
+            # Before the gates: GangScheduled commits the lift (extender/barrier.py), and any
+            # operator that comes next lifts whatever gate is left.
             self.api.patch_job_status(job, actions.status)
             # Counted at the commit: a Conflict above counts nothing, and once the status is
             # written the next reconcile will not decide (or count) the same step again.
             self.metrics.applied(job, actions)
+        # One call per pod, side by side: a large gang's gates come off in a fraction of the
+        # time one after another took.
+        _side_by_side(lambda pod: self.api.lift_gate(namespace, pod), actions.lift_gates)
+        _side_by_side(lambda nudge: self.api.nudge_pod(namespace, *nudge), actions.nudge_pods)
+        if actions.nudge_pods:
+            log.info(
+                "%s/%s: %d worker(s) the gang barrier refused nudged (every gate is off)",
+                namespace,
+                meta["name"],
+                len(actions.nudge_pods),
+            )
         # The events tell what the committed status decided, so they go out before the
         # deletions that carry it out: a reader who sees the status sees its reason soon after.
         for event in actions.events:
@@ -169,7 +250,8 @@ class Reconciler:
                 raise Refused(
                     "InvalidSpec", f"metadata.name: the workers' Service was refused: {err}"
                 ) from None
-        for pod in actions.create_pods:
+
+        def create_worker(pod: dict[str, Any]) -> None:
             name = pod["metadata"]["name"]
             try:
                 created = self.api.create("Pod", namespace, pod)
@@ -183,6 +265,9 @@ class Reconciler:
                     f"pod {name} already exists and is not this job's: a worker's name "
                     "must be free (delete that pod, or rename the job)",
                 )
+
+        # Side by side: a 512-worker gang's pods one by one took seconds before its gates.
+        _side_by_side(create_worker, actions.create_pods)
 
     def _fail_refused(self, job: dict[str, Any], refused: Refused, pods: list[str]) -> None:
         now = self.clock.now()

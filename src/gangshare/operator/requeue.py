@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,7 @@ def release_gang(
     actions.events.append(Event("Warning", release.reason, release.message))
 
 
-def start_timeout_delay(status: dict[str, Any], base_seconds: float) -> float:
+def start_timeout_delay(status: Mapping[str, Any], base_seconds: float) -> float:
     """Back-off after the n-th start timeout in a row (a constraint no plan can see repeats)."""
     failures = int(status.get("startFailures", 0))
     return float(min(BACKOFF_CAP_SECONDS, base_seconds * 2**failures))
@@ -210,6 +211,34 @@ def requeue_preempted(
     return True
 
 
+def requeue_off_island(
+    status: dict[str, Any],
+    current: dict[int, dict[str, Any]],
+    seen: Observation,
+    gen: int,
+    actions: Actions,
+    backoff_base_seconds: float,
+) -> bool:
+    """Release a gang whose Required NVLink islands the node did not keep, running or not:
+    it would run degraded otherwise. Not the job's failure: no retry spent, its place kept,
+    and a back-off in case the node does it again."""
+    displaced = seen.displaced
+    if displaced is None or not displaced.off_island:
+        return False
+    if displaced.attempt != int(status.get("attempt", 0)):
+        return False
+    delay = start_timeout_delay(status, backoff_base_seconds)
+    release = Release(
+        "GangTopologyBroken",
+        f"{displaced.reason}; the gang is released and requeued in {delay:.0f}s, keeping its "
+        "place in the queue and its retries",
+        delay,
+        timed_out=True,
+    )
+    _release_running(status, current, release, seen.now, gen, actions)
+    return True
+
+
 def _requeue_counted(
     status: dict[str, Any],
     current: dict[int, dict[str, Any]],
@@ -220,8 +249,20 @@ def _requeue_counted(
     counter: str,
 ) -> None:
     """Release a running gang that lost its GPUs through no fault of its own, and count it."""
+    _release_running(status, current, release, now, gen, actions)
+    actions.status[counter] = int(status.get(counter, 0)) + 1
+
+
+def _release_running(
+    status: dict[str, Any],
+    current: dict[int, dict[str, Any]],
+    release: Release,
+    now: float,
+    gen: int,
+    actions: Actions,
+) -> None:
+    """Release a gang that may be running: it is not Running any more either."""
     release_gang(status, current, release, now, gen, actions)
     actions.status["conditions"] = set_condition(
         actions.status["conditions"], "Running", False, release.reason, release.message, now, gen
     )
-    actions.status[counter] = int(status.get(counter, 0)) + 1

@@ -146,7 +146,7 @@ class SchedulerLoop:
         policy = self._policy_of_the_pass(snapshot.warnings)
         self.waiting.learn(jobs, policy)
         by_key = {job_key(j): j for j in jobs}
-        pending = self.waiting.queued(jobs, now)
+        pending = self.waiting.queued(jobs, now, self.api.list_priority_classes())
         deciding = time.perf_counter()
         result = schedule_cycle(snapshot.cluster, pending, snapshot.running, policy, now)
         decided = time.perf_counter()
@@ -173,6 +173,7 @@ class SchedulerLoop:
         report.seconds = time.perf_counter() - started
         work: list[Work] = [*preempted, *((key, None) for key in report.admitted)]
         work += self._displaced(snapshot.displaced, by_key)
+        work += self._off_island(snapshot.off_island, by_key)
         resync, report.resynced = self._resync(jobs, now, {key for key, _ in work})
         self._reconcile_all(work + [(key, None) for key in resync])
         self.metrics.cycle.observe(time.perf_counter() - started)
@@ -242,6 +243,18 @@ class SchedulerLoop:
                 continue
             attempt = int((job.get("status") or {}).get("attempt", 0))
             work.append((key, Displacement(attempt, reason)))
+        return work
+
+    def _off_island(self, broken: dict[str, str], by_key: dict[str, Any]) -> list[Work]:
+        """Gangs whose node did not keep a Required island give their GPUs back and requeue."""
+        work: list[Work] = []
+        for key, reason in broken.items():
+            job = by_key.get(key)
+            if job is None or (job.get("status") or {}).get("phase") not in ("Admitted", "Running"):
+                continue
+            attempt = int((job.get("status") or {}).get("attempt", 0))
+            log.warning("%s: %s", key, reason)
+            work.append((key, Displacement(attempt, reason, off_island=True)))
         return work
 
     def _reconcile_all(self, work: list[Work]) -> None:

@@ -7,7 +7,7 @@ estimator learns from jobs that succeeded, each once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +21,9 @@ from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_train
 class _Parsed:
     version: str
     spec: TrainingJobSpec | None  # None: invalid (the reconciler fails it with the reason)
-    # The last QueuedJob built from it, and what it was built with.
-    built: tuple[float, float | None, QueuedJob] | None = None
+    # The last QueuedJob built from it, and what it was built with (queuedAt, the predicted
+    # run time, the value of the template's PriorityClass).
+    built: tuple[float, float | None, int | None, QueuedJob] | None = None
 
 
 class WaitingJobs:
@@ -52,8 +53,14 @@ class WaitingJobs:
                 queue = str(spec.get("queue", "default"))
                 self.estimator.observe(queue, gpus, end - start, group=group)
 
-    def queued(self, jobs: Iterable[dict[str, Any]], now: float) -> list[QueuedJob]:
-        """The jobs waiting for admission now (Queued, not backing off, valid), in list order."""
+    def queued(
+        self,
+        jobs: Iterable[dict[str, Any]],
+        now: float,
+        priority_classes: Mapping[str, int] | None = None,
+    ) -> list[QueuedJob]:
+        """The jobs waiting for admission now (Queued, not backing off, valid), in list order.
+        `priority_classes` (name -> value) judges templates' priorityClassName; None: unjudged."""
         parsed: dict[str, _Parsed] = {}
         result = []
         for job in jobs:
@@ -81,10 +88,13 @@ class WaitingJobs:
                 spec.runtime_estimate_seconds,
                 group=name_group(spec.name),
             )
+            class_name = spec.priority_class_name
+            class_value = (priority_classes or {}).get(class_name) if class_name else None
             built = memo.built
-            if built is None or built[:2] != (submitted, estimate):
-                built = (submitted, estimate, spec.queued(submitted, estimate))
+            if built is None or built[:3] != (submitted, estimate, class_value):
+                queued = spec.queued(submitted, estimate, priority_classes)
+                built = (submitted, estimate, class_value, queued)
                 parsed[uid] = _Parsed(version, spec, built)
-            result.append(built[2])
+            result.append(built[3])
         self._parsed = parsed  # only this pass's queued jobs stay memoized
         return result

@@ -3,6 +3,7 @@ against the real ones): what it writes, what it asks, and when it stays quiet.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,35 @@ def test_a_topology_someone_removed_is_published_again(tmp_path: Path) -> None:
     now[0] += RECHECK_SECONDS
     agent.step()
     assert api.node["metadata"]["annotations"]["gangshare.io/gpu-topology"] == topology
+
+
+def test_a_reused_name_is_written_again_once_the_kubelet_checkpoints_the_new_pod(
+    tmp_path: Path,
+) -> None:
+    """The name and even the devices can repeat across attempts; the pod UID cannot."""
+    api, kubelet = Api([pod("w", GPU, 2, phase="Running")]), PodResources()
+    agent, now = _agent(tmp_path, api, kubelet)
+    uuids = agent.devices.device_ids(GPU)
+    checkpoint = tmp_path / "dp" / "kubelet_internal_checkpoint"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+
+    def allocate(uid: str) -> None:
+        entry = {"PodUID": uid, "ContainerName": "c", "ResourceName": GPU}
+        entry["DeviceIDs"] = {"-1": [uuids[0], uuids[1]]}  # type: ignore[assignment]
+        doc = {"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {}}, "Checksum": 0}
+        checkpoint.write_text(json.dumps(doc))
+
+    allocate("uid-w")
+    kubelet.held[("ns", "w")] = PodDevices("ns", "w", {GPU: (uuids[0], uuids[1])})
+    agent.step()
+    assert api.recorded == [("w", "0,1")]
+    # The next attempt's worker: same name, same GPUs, a new UID and no annotation yet.
+    api.pods = [pod("w", GPU, 2, phase="Running")]
+    api.pods[0]["metadata"]["uid"] = "uid-w2"
+    now[0] += 5
+    agent.step()
+    assert api.recorded == [("w", "0,1")]  # the kubelet has not allocated for uid-w2 yet
+    allocate("uid-w2")
+    now[0] += 5
+    agent.step()
+    assert api.recorded == [("w", "0,1"), ("w", "0,1")]

@@ -69,7 +69,7 @@ class View:
         return observed_node("real-0", self.devices, self.sick, [], {})
 
     def steering_for(self, resource: str, size: int) -> Steering:
-        return Steering(self.plan)
+        return Steering(() if self.plan is None else (self.plan,))
 
     def allocated(self) -> None:
         self.allocations += 1

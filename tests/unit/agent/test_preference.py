@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent_fakes import make_spec, pod
 
 from gangshare.agent.backend import GpuSample
@@ -25,7 +27,8 @@ def _prefer(
 ) -> tuple[int, ...]:
     node = observed_node("real-0", devices, (), samples or [], allocated or {})
     offered = devices.device_ids(resource) if available is None else available
-    chosen = preferred_devices(resource, devices, node, offered, must or [], size, plan, avoid)
+    plans = () if plan is None else (plan,)
+    chosen = preferred_devices(resource, devices, node, offered, must or [], size, plans, avoid)
     assert len(chosen) == size
     assert set(chosen) <= set(offered) | set(must or [])
     return tuple(devices.gpu_of(resource, d).index for d in chosen)
@@ -126,13 +129,79 @@ def test_steering_names_the_plans_of_every_other_pod_waiting_for_this_node() -> 
     pods = [bare, bound_worker, not_bound, elsewhere, running]
     # For the bare pod (the only one here asking for two): no plan, four planned GPUs to avoid.
     assert steering_for_request(pods, set(), GPU, 2, "real-0") == Steering(
-        None, frozenset({0, 1, 2, 3, 4, 5})
+        (), frozenset({0, 1, 2, 3, 4, 5})
     )
     # For the bound worker: its own plan, and the other worker's GPUs to avoid.
     assert steering_for_request(pods, set(), GPU, 4, "real-0") == Steering(
-        (0, 1, 2, 3), frozenset({4, 5})
+        ((0, 1, 2, 3),), frozenset({4, 5})
     )
     # Admitted by the kubelet, a pod waits for nothing any more.
     admitted = {("ns", "w0")}
     assert steering_for_request(pods, admitted, GPU, 2, "real-0").avoid == frozenset({4, 5})
     assert steering_for_request(pods, set(), SHARE, 1, "real-0") == Steering()
+
+
+def sibling(rank: int, planned: str, attempt: int = 0, job: str = "llm") -> dict[str, Any]:
+    """A gang worker as the operator creates it, bound to real-0 and waiting for devices."""
+    worker = pod(f"{job}-worker-{rank}", GPU, 4, planned=planned)
+    worker["metadata"]["labels"] = {
+        "gangshare.io/job": job,
+        "gangshare.io/rank": str(rank),
+        "gangshare.io/attempt": str(attempt),
+    }
+    worker["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "gangshare.io/v1alpha1",
+            "kind": "TrainingJob",
+            "name": job,
+            "uid": f"uid-{job}",
+            "controller": True,
+        }
+    ]
+    return worker
+
+
+def test_identical_siblings_of_one_gang_each_get_a_whole_planned_island() -> None:
+    """Two 4-GPU workers of one gang on one 8-GPU node with islands [0-3] and [4-7], GPU 1
+    busy: the kubelet cannot say which worker it allocates for, but either may take either
+    plan, so each gets a whole island, never [0, 2, 3, 4] by load."""
+    devices = make_spec().gpus(8).islands([0, 1, 2, 3], [4, 5, 6, 7]).devices()
+    uuids = devices.device_ids(GPU)
+    workers = [sibling(0, "0,1,2,3"), sibling(1, "4,5,6,7")]
+    steer = steering_for_request(workers, set(), GPU, 4, "real-0")
+    assert steer.plans == ((0, 1, 2, 3), (4, 5, 6, 7)) and steer.avoid == frozenset()
+    busy = [GpuSample(1, 0.95, 40000)]
+    node = observed_node("real-0", devices, (), busy, {})
+    first = preferred_devices(GPU, devices, node, uuids, [], 4, steer.plans, steer.avoid)
+    assert sorted(devices.gpu_of(GPU, d).index for d in first) == [0, 1, 2, 3]
+    # The PodResources read still says neither was admitted; the kubelet's list knows better.
+    rest = [u for u in uuids if u not in first]
+    node = observed_node("real-0", devices, (), busy, {GPU: first})
+    second = preferred_devices(GPU, devices, node, rest, [], 4, steer.plans, steer.avoid)
+    assert sorted(devices.gpu_of(GPU, d).index for d in second) == [4, 5, 6, 7]
+
+
+def test_plans_are_served_only_to_interchangeable_candidates() -> None:
+    workers = [sibling(0, "0,1,2,3"), sibling(1, "4,5,6,7")]
+    bare = pod("bare", GPU, 4)
+    # A bare pod of the same size among them: no telling who is allocated; the plans are
+    # only avoided.
+    mixed = steering_for_request([*workers, bare], set(), GPU, 4, "real-0")
+    assert mixed.plans == () and mixed.avoid == frozenset(range(8))
+    # Workers of two attempts (or two jobs) are not interchangeable either.
+    other = steering_for_request(
+        [workers[0], sibling(1, "4,5,6,7", attempt=1)], set(), GPU, 4, "real-0"
+    )
+    assert other.plans == ()
+    # Once one sibling is admitted, the other is the one candidate, with its own plan.
+    admitted = {("ns", "llm-worker-0")}
+    assert steering_for_request(workers, admitted, GPU, 4, "real-0").plan == (4, 5, 6, 7)
+
+
+def test_the_fallback_keeps_a_worker_on_as_few_islands_as_it_can() -> None:
+    devices = make_spec().gpus(8).islands([0, 1, 2, 3], [4, 5, 6, 7]).devices()
+    # Every free GPU is planned for someone else; the least-loaded-first fallback took
+    # [0, 2, 3, 4] with GPU 1 busy; island by island it is one whole island.
+    busy = [GpuSample(1, 0.95, 40000)]
+    chosen = _prefer(devices, GPU, 4, samples=busy, avoid=frozenset(range(8)))
+    assert sorted(chosen) in ([0, 1, 2, 3], [4, 5, 6, 7])

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 from agent_fakes import make_spec, pod
 
 from gangshare.agent.assignments import detect_assignments
 from gangshare.agent.backend import GpuSample
+from gangshare.agent.checkpoint import CheckpointError, parse_device_checkpoint
 from gangshare.agent.podresources import PodDevices, allocated_devices, devices_by_pod
 from gangshare.agent.publish import UtilizationGate, topology_patch
 from gangshare.core.annotations import NODE_TOPOLOGY, NODE_UTILIZATION, decode_node
@@ -58,7 +60,7 @@ def test_the_kubelets_assignment_is_written_and_a_difference_from_the_plan_is_na
         pod("bogus", GPU, 1, phase="Running"),
         pod("not-admitted", GPU, 1),
     ]
-    changes = {c.name: c for c in detect_assignments(devices, kubelet, pods)}
+    changes = {c.name: c for c in detect_assignments(devices, kubelet, pods, None)}
     assert set(changes) == {"as-planned", "moved", "share"}
     assert changes["as-planned"].indices == (0, 1) and not changes["as-planned"].differs_from_plan
     assert changes["moved"].indices == (2, 3) and changes["moved"].differs_from_plan
@@ -68,6 +70,67 @@ def test_the_kubelets_assignment_is_written_and_a_difference_from_the_plan_is_na
         .startswith("the kubelet assigned GPUs 2,3; the plan recorded 0,1")
     )
     assert changes["share"].indices == (3,) and changes["share"].planned is None
+
+
+def _checkpoint(*entries: tuple[str, str, str, list[str]]) -> str:
+    """The kubelet's device checkpoint as kubelet 1.35 writes it (DeviceIDs per NUMA node)."""
+    return json.dumps(
+        {
+            "Data": {
+                "PodDeviceEntries": [
+                    {
+                        "PodUID": uid,
+                        "ContainerName": container,
+                        "ResourceName": resource,
+                        "DeviceIDs": {"-1": ids},
+                        "AllocResp": "",
+                    }
+                    for uid, container, resource, ids in entries
+                ],
+                "RegisteredDevices": {},
+            },
+            "Checksum": 1,
+        }
+    )
+
+
+def test_the_checkpoint_is_read_per_pod_uid_for_gangshares_resources_only() -> None:
+    raw = _checkpoint(
+        ("u1", "sidecar", GPU, ["GPU-a"]),
+        ("u1", "main", GPU, ["GPU-b"]),
+        ("u1", "main", "example.com/nic", ["nic0"]),
+        ("u2", "main", SHARE, ["GPU-c::1"]),
+    )
+    assert parse_device_checkpoint(raw) == {
+        "u1": {GPU: frozenset({"GPU-a", "GPU-b"})},
+        "u2": {SHARE: frozenset({"GPU-c::1"})},
+    }
+    legacy = json.loads(raw)
+    legacy["Data"]["PodDeviceEntries"][0]["DeviceIDs"] = ["GPU-a"]  # kubelets before 1.20
+    assert parse_device_checkpoint(json.dumps(legacy))["u1"][GPU] == {"GPU-a", "GPU-b"}
+    with pytest.raises(CheckpointError, match="not a device manager checkpoint"):
+        parse_device_checkpoint('{"Data": 3}')
+
+
+def test_a_new_pod_of_a_reused_name_is_never_recorded_with_its_predecessors_gpus() -> None:
+    devices = make_spec().gpus(4).devices()
+    u = [g.uuid for g in devices.inventory.gpus]
+    # The new attempt's worker (uid-w) exists in the API server while PodResources still lists
+    # the old one under the same name, on GPUs 0 and 1.
+    kubelet = {("ns", "w"): PodDevices("ns", "w", {GPU: (u[0], u[1])})}
+    new = pod("w", GPU, 2, planned="2,3")
+    old_only = parse_device_checkpoint(_checkpoint(("uid-old", "c", GPU, [u[0], u[1]])))
+    assert detect_assignments(devices, kubelet, [new], old_only) == []
+    # By name alone (no checkpoint) the old GPUs would be written on the new pod.
+    assert [c.indices for c in detect_assignments(devices, kubelet, [new], None)] == [(0, 1)]
+    # Once the kubelet has allocated for the new UID and lists it, its own GPUs are written.
+    both = parse_device_checkpoint(
+        _checkpoint(("uid-old", "c", GPU, [u[0], u[1]]), ("uid-w", "c", GPU, [u[2], u[3]]))
+    )
+    assert detect_assignments(devices, kubelet, [new], both) == []  # the listing is still old
+    kubelet = {("ns", "w"): PodDevices("ns", "w", {GPU: (u[3], u[2])})}
+    [change] = detect_assignments(devices, kubelet, [new], both)
+    assert (change.uid, change.indices, change.differs_from_plan) == ("uid-w", (2, 3), False)
 
 
 def test_the_topology_is_patched_only_when_the_node_says_something_else() -> None:

@@ -328,3 +328,94 @@ def test_a_worker_the_coordinator_evicted_requeues_the_gang_keeping_retries_and_
     created = detect(again, pods=[]).create_pods
     env = {e["name"]: e["value"] for e in created[0]["spec"]["containers"][0]["env"]}
     assert env["GANGSHARE_RESUME_STEP"] == "120"
+
+
+def scheduled(worker: dict, status: str, at: float, message: str = "") -> dict:
+    """kube-scheduler's PodScheduled verdict on a worker, as it writes it."""
+    reason = "Unschedulable" if status == "False" else None
+    worker["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": status,
+            "lastTransitionTime": iso(at),
+            **({"reason": reason, "message": message} if reason else {}),
+        }
+    ]
+    return worker
+
+
+BARRIER = "0/8 nodes are available: 1 gang not wholly ungated (refusal 1): worker 0 is still gated"
+
+
+def test_workers_the_gang_barrier_refused_are_nudged_once_every_gate_is_off():
+    job = admitted(admittedAt=iso(NOW - 1)).condition("GangScheduled", True).build()
+    refused = scheduled(pod("j", 1), "False", NOW - 1, BARRIER)
+    still_gated = [pod("j", 0, gated=True), refused]
+    assert detect(job, pods=still_gated).nudge_pods == []  # the lift is not done yet
+    lifted = [scheduled(pod("j", 0, node="n-0"), "True", NOW), refused]
+    [(name, mark)] = detect(job, pods=lifted).nudge_pods
+    assert name == "j-worker-1"
+    # Once per refusal: the nudged worker is not nudged again until it is refused anew.
+    refused["metadata"]["annotations"]["gangshare.io/gang-ready"] = mark
+    assert detect(job, pods=lifted).nudge_pods == []
+    scheduled(refused, "False", NOW - 1, BARRIER.replace("refusal 1", "refusal 2"))
+    assert [n for n, _ in detect(job, pods=lifted).nudge_pods] == ["j-worker-1"]
+    # A refusal of kube-scheduler's own is no barrier's: nothing to nudge.
+    scheduled(refused, "False", NOW - 1, "0/8 nodes are available: 1 Insufficient cpu.")
+    assert detect(job, pods=lifted).nudge_pods == []
+
+
+def test_a_partial_gang_whose_sibling_kube_scheduler_refuses_is_released_within_seconds():
+    job = (
+        admitted(admittedAt=iso(NOW - 4), queuedAt=iso(NOW - 500))
+        .condition("GangScheduled", True)
+        .build()
+    )
+    anti = "0/8 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+    workers = [
+        scheduled(pod("j", 0, node="n-0", phase="Running"), "True", NOW - 3),
+        scheduled(pod("j", 1), "False", NOW - 2, anti),
+    ]
+    early = detect(job, pods=workers, limits=Limits(unschedulable_seconds=5))
+    assert early.empty and early.requeue_after == 2  # 5 s after worker 0 was bound
+    late = detect(job, pods=workers, now=NOW + 2, limits=Limits(unschedulable_seconds=5))
+    assert (late.status["phase"], late.status["attempt"]) == ("Queued", 1)
+    assert late.status["startFailures"] == 1 and "queuedAt" not in late.status
+    assert late.status["message"] == (
+        f"worker 1 cannot be placed on its planned node ({anti}) while 1 of 2 workers are "
+        "bound; GPUs released, requeued in 10s"
+    )
+    assert sorted(late.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert [(e.type, e.reason) for e in late.events] == [("Warning", "GangUnschedulable")]
+    # The barrier's own refusals never count: those workers are nudged instead.
+    workers[1] = scheduled(pod("j", 1), "False", NOW - 2, BARRIER)
+    assert detect(job, pods=workers, now=NOW + 2).status == {}
+
+
+def test_a_gang_run_across_islands_it_requires_is_released_even_while_running():
+    job = (
+        admitted(phase="Running", queuedAt=iso(NOW - 500)).condition("GangScheduled", True).build()
+    )
+    workers = [pod("j", 0, node="n-0", phase="Running"), pod("j", 1, node="n-1", phase="Running")]
+    why = "worker 1 was given GPUs [1, 2] on n-1, across NVLink islands"
+    seen = Observation(job, workers, True, NOW, Displacement(0, why, off_island=True))
+    actions = detect_actions(seen, "gangshare-scheduler")
+    assert (actions.status["phase"], actions.status["attempt"]) == ("Queued", 1)
+    assert "restarts" not in actions.status and "queuedAt" not in actions.status
+    assert actions.status["startFailures"] == 1 and actions.status["nextRetryAt"] == iso(NOW + 10)
+    assert sorted(actions.delete_pods) == ["j-worker-0", "j-worker-1"]
+    [event] = actions.events
+    assert (event.type, event.reason) == ("Warning", "GangTopologyBroken")
+    assert event.message.startswith(why + "; the gang is released and requeued in 10s")
+    # A verdict on an earlier attempt does nothing to this one.
+    stale = Observation(job, workers, True, NOW, Displacement(1, why, off_island=True))
+    assert detect_actions(stale, "gangshare-scheduler").status == {}
+
+
+def test_a_committed_lift_that_was_interrupted_is_finished():
+    """GangScheduled is written before the gates come off: an operator that stopped between
+    two lifts leaves a committed gang with a gate on, and the next reconcile lifts it."""
+    job = admitted(admittedAt=iso(NOW - 2)).condition("GangScheduled", True).build()
+    workers = [pod("j", 0, node="n-0"), pod("j", 1, gated=True)]
+    actions = detect(job, pods=workers)
+    assert actions.lift_gates == ["j-worker-1"] and actions.status == {}

@@ -2,6 +2,7 @@
 
 from jobs import make_job
 
+from gangshare.kube.scheduling import gpu_devices
 from gangshare.kube.trainingjob import parse_trainingjob
 from gangshare.operator.manifests import worker_pod
 
@@ -29,6 +30,8 @@ def test_guaranteed_worker_requests_whole_gpus_and_gets_torchrun_environment():
     assert pod["spec"]["hostname"] == "llm-worker-1" and pod["spec"]["subdomain"] == "llm"
     assert pod["spec"]["schedulerName"] == "gangshare-scheduler"
     assert pod["spec"]["restartPolicy"] == "Never"
+    # What the kubelet will hand the pod, counted by the reader every ledger uses: its plan.
+    assert gpu_devices(pod["spec"]) == {"nvidia.com/gpu": 8}
 
 
 def test_opportunistic_worker_requests_share_slots_and_records_its_memory():

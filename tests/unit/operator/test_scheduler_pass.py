@@ -217,6 +217,9 @@ class StoreFedApi(RecordingApi):
     def list_queues(self) -> None:
         return None
 
+    def list_priority_classes(self) -> dict[str, int]:
+        return {}
+
 
 class IdleReconciler:
     def reconcile(self, namespace: str, name: str, displaced: Any = None) -> None:

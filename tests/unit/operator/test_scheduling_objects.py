@@ -1,7 +1,9 @@
 """A pod's and a node's scheduling facts read from API objects, as kube-scheduler reads them."""
 
 from gangshare.core.constraints import SelectorOperator, Taint
+from gangshare.kube.claims import gpu_request
 from gangshare.kube.scheduling import (
+    gpu_devices,
     node_allocatable,
     node_taints,
     pod_constraints,
@@ -38,6 +40,31 @@ def test_requests_sum_containers_and_sidecars_and_cover_the_largest_init_contain
         "memory": 16 * 2**30,
         "pods": 1,
     }
+
+
+def test_gpu_devices_count_sidecars_beside_the_containers_as_the_kubelet_hands_them_out():
+    sidecar = {**container("proxy", gpu="4"), "restartPolicy": "Always"}
+    assert gpu_devices({"initContainers": [sidecar], "containers": [container("t")]}) == {
+        "nvidia.com/gpu": 4
+    }
+    spec = {
+        "initContainers": [container("fetch", gpu="6"), sidecar, container("warm", gpu="3")],
+        "containers": [container("train", gpu="2")],
+    }
+    # max(containers 2 + sidecar 4, plain init 6, plain init 3 + sidecar 4): the kubelet reuses
+    # an init container's devices for the containers, never a running sidecar's.
+    assert gpu_devices(spec) == {"nvidia.com/gpu": 7}
+    share = {
+        "containers": [
+            container("a"),
+            {"name": "b", "resources": {"limits": {"gangshare.io/gpu-share": "2"}}},
+        ]
+    }
+    assert gpu_devices(share) == {"gangshare.io/gpu-share": 2}
+    # The one reader the ledger, the extender and the agent use:
+    assert gpu_request({"spec": {"initContainers": [sidecar], "containers": [container("t")]}})
+    assert gpu_request({"spec": spec})[1] == 7  # type: ignore[index]
+    assert gpu_request({"spec": {"containers": [container("cpu", cpu="1")]}}) is None
 
 
 def test_a_limit_without_a_request_is_the_request():

@@ -47,6 +47,20 @@ def test_foreign_gpu_pods_hold_gpus_on_their_node():
     assert snapshot.cluster.node("n-1").free_guaranteed == 1
 
 
+def test_a_sidecars_gpus_are_held_like_any_containers():
+    foreign = pod("other", 0, phase="Running", node="n-1", gpus=0)
+    foreign["metadata"]["labels"] = {}
+    foreign["spec"]["initContainers"] = [
+        {
+            "name": "side",
+            "restartPolicy": "Always",
+            "resources": {"limits": {"nvidia.com/gpu": "3"}},
+        }
+    ]
+    snapshot = build_snapshot(nodes(SPEC), [foreign], [])
+    assert snapshot.cluster.node("n-1").free_guaranteed == 1
+
+
 def test_the_kubelets_assignment_is_the_truth_and_the_plan_only_a_plan():
     moved = pod("other", 0, phase="Running", node="n-1", gpus=2)
     moved["metadata"]["labels"] = {}
@@ -265,3 +279,38 @@ def test_a_plan_takes_its_workers_cpu_until_they_are_bound():
     bound["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "12"}
     snapshot = build_snapshot(objects, [bound], [job])
     assert snapshot.cluster.node("n-0").requested == {"cpu": 12_000, "pods": 1}
+
+
+ISLANDS = {
+    "nodePools": [
+        {"name": "i", "count": 1, "gpusPerNode": 8, "nvlinkIslands": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("policy", "assigned", "broken"),
+    [
+        ("Required", "0,1,2,4", True),  # the kubelet spread the worker over both islands
+        ("Required", "4,5,6,7", False),  # another island, but one island: kept
+        ("Preferred", "0,1,2,4", False),  # a preference may be missed
+    ],
+)
+def test_a_worker_given_gpus_across_islands_breaks_a_required_topology(policy, assigned, broken):
+    placement = [{"rank": 0, "node": "i-0", "gpus": [0, 1, 2, 3]}]
+    job = (
+        make_job("w")
+        .spec(workers=1, gpusPerWorker=4, topology={"policy": policy, "scope": "NVLink"})
+        .status(phase="Running", attempt=0, placement=placement)
+        .build()
+    )
+    worker = pod("w", 0, phase="Running", node="i-0", gpus=4)
+    worker["metadata"]["annotations"] = {"gangshare.io/assigned-gpus": assigned}
+    found = build_snapshot(nodes(ISLANDS), [worker], [job]).off_island
+    if broken:
+        assert found == {
+            "team/w": "worker 0 was given GPUs [0, 1, 2, 4] on i-0, across NVLink islands; "
+            "spec.topology requires one island per worker"
+        }
+    else:
+        assert found == {}

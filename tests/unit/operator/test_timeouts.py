@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from gangshare.extender.binder import Binder, BindError
+from gangshare.kube import client as kube_client
 from gangshare.operator import kubeapi
 
 
@@ -49,8 +50,8 @@ def hung_api_server(tmp_path):
 
 
 def test_calls_to_a_hung_api_server_time_out(hung_api_server, monkeypatch):
-    monkeypatch.setattr(kubeapi, "DEFAULT_TIMEOUT", (1.0, 1.0))
-    api = kubeapi.KubeApi(kubeapi.connect(hung_api_server))
+    monkeypatch.setattr(kube_client, "DEFAULT_TIMEOUT", (1.0, 1.0))
+    api = kubeapi.KubeApi(kube_client.connect(hung_api_server))
     for call in (api.list_nodes, lambda: api.get_job("ns", "j"), api.list_live_pods):
         started = time.monotonic()
         with pytest.raises(Exception, match=r"(?i)timed? ?out"):
@@ -58,7 +59,7 @@ def test_calls_to_a_hung_api_server_time_out(hung_api_server, monkeypatch):
         assert time.monotonic() - started < 5
     # The extender's calls use the same credentials on its own loop, and a timeout is a bind
     # error kube-scheduler sees (it retries the pod), not an internal failure.
-    binder = Binder(kubeapi.connect(hung_api_server).configuration)
+    binder = Binder(kube_client.connect(hung_api_server).configuration)
 
     async def calls() -> None:
         try:

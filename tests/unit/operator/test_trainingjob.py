@@ -97,3 +97,37 @@ def test_a_template_cannot_pick_its_node():
     with pytest.raises(InvalidSpec) as err:
         parse_trainingjob(make_job().spec(template=template).build())
     assert str(err.value).startswith("spec.template.spec.nodeName: gangshare places every worker")
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "message"),
+    [
+        (
+            {
+                "initContainers": [
+                    {
+                        "name": "side",
+                        "restartPolicy": "Always",
+                        "resources": {"limits": {"nvidia.com/gpu": "4"}},
+                    }
+                ],
+                "containers": [{"name": "t", "image": "i"}],
+            },
+            "spec.template.spec.initContainers[0].resources: may not ask for nvidia.com/gpu",
+        ),
+        (
+            {
+                "containers": [
+                    {"name": "t", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}},
+                    {"name": "h", "resources": {"requests": {"gangshare.io/gpu-share": "1"}}},
+                ]
+            },
+            "spec.template.spec.containers[1].resources: may not ask for gangshare.io/gpu-share",
+        ),
+    ],
+    ids=["sidecar", "second-container"],
+)
+def test_gpus_anywhere_but_the_first_container_are_refused(pod_spec, message):
+    with pytest.raises(InvalidSpec) as err:
+        parse_trainingjob(make_job().spec(template={"spec": pod_spec}).build())
+    assert str(err.value).startswith(message)
