@@ -6,12 +6,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gangshare.dev.realnode import RealNode
 from gangshare.dev.realnode_config import REAL_NODE_LABEL
-from kube import ChildProcess, Kube
+from kube import ChildProcess, Kube, eventually
 
 
 class AgentProcess(ChildProcess):
@@ -50,6 +52,8 @@ class AgentProcess(ChildProcess):
             str(self.node.pod_resources_socket),
             "--socket-dir",
             str(self.socket_dir),
+            "--state-dir",
+            str(self.workdir / "state"),
             "--publish-interval",
             "1",
             "--metrics-port",
@@ -122,3 +126,23 @@ def allow_privileged_templates(kube: Kube, namespace: str) -> None:
     kube.core.patch_namespace(
         namespace, {"metadata": {"labels": {"gangshare.io/privileged-templates": "allowed"}}}
     )
+
+
+@contextmanager
+def running_agent(
+    kube: Kube,
+    node: RealNode,
+    workdir: Path,
+    spec: str,
+    ready: Callable[[], bool],
+    extra: tuple[str, ...] = ("--control-period", "1"),
+) -> Iterator[AgentProcess]:
+    """An agent registered with the real kubelet and `ready`; its log tail printed after."""
+    process = AgentProcess(kube, node, workdir, spec, extra).start()
+    try:
+        eventually(process.registered, timeout=30, what="the agent registered")
+        eventually(ready, timeout=60, what="the agent's GPU allocatable on the real node")
+        yield process
+    finally:
+        process.stop()
+        print(process.logs()[-6000:])

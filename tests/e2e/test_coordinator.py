@@ -11,14 +11,16 @@ process NVML reports for the overrun is the Opportunistic container's real host 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from agent_process import AgentProcess, allow_privileged_templates, real_node_job
-from test_agent import allocatable
+from agent_process import (
+    AgentProcess,
+    allow_privileged_templates,
+    real_node_job,
+)
 
 from gangshare.agent.cgroups import pids_by_pod
 from gangshare.core.annotations import POD_GPU_CAPS
@@ -61,25 +63,6 @@ def spec(processes: list[dict[str, Any]] | None = None) -> str:
     return yaml.safe_dump({"nodePools": [pool]})
 
 
-@pytest.fixture
-def agent(kube: Kube, real_node: RealNode, tmp_path: Path) -> Iterator[AgentProcess]:
-    process = AgentProcess(kube, real_node, tmp_path, spec(), ("--control-period", "1")).start()
-    try:
-        eventually(process.registered, timeout=30, what="the agent registered")
-        eventually(
-            lambda: (
-                allocatable(kube, real_node)
-                == {"nvidia.com/gpu": "1", "gangshare.io/gpu-share": "4"}
-            ),
-            timeout=60,
-            what="the agent's GPU allocatable on the real node",
-        )
-        yield process
-    finally:
-        process.stop()
-        print(process.logs()[-6000:])
-
-
 def training_job(name: str, service_class: str, steps: int, pause: float) -> dict[str, Any]:
     command = ["python3", "-c", TRAIN, str(steps), str(pause)]
     return real_node_job(name, service_class, MODEL, PY_IMAGE, command)
@@ -93,7 +76,7 @@ def job(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 
 
 def test_guaranteed_and_opportunistic_share_a_gpu_under_the_coordinator(
-    crd: Kube, real_node: RealNode, agent: AgentProcess, namespace: str, tmp_path: Path
+    crd: Kube, real_node: RealNode, one_gpu_agent: AgentProcess, namespace: str, tmp_path: Path
 ):
     kube = crd
     allow_privileged_templates(kube, namespace)
@@ -125,7 +108,7 @@ def test_guaranteed_and_opportunistic_share_a_gpu_under_the_coordinator(
         # coordinator's: low, and only ever up.
         assert duties[0] == 0.25, duties
         assert duties[1] < 0.25 and duties[1:] == sorted(duties[1:]), duties
-        assert "OpportunisticThrottled" not in agent.logs()
+        assert "OpportunisticThrottled" not in one_gpu_agent.logs()
         caps = json.loads(
             kube.core.read_namespaced_pod(pod, namespace).metadata.annotations[POD_GPU_CAPS]
         )
@@ -138,7 +121,7 @@ def test_guaranteed_and_opportunistic_share_a_gpu_under_the_coordinator(
         uid = kube.core.read_namespaced_pod(pod, namespace).metadata.uid
         pids = pids_by_pod().get(uid)
         assert pids, f"no host process of pod {uid}"
-        agent.rewrite_spec(spec([{"gpu": 0, "pid": max(pids), "memoryMiB": 16000}]))
+        one_gpu_agent.rewrite_spec(spec([{"gpu": 0, "pid": max(pids), "memoryMiB": 16000}]))
 
         def requeued() -> dict[str, Any] | None:
             status = job(kube, namespace, "o").get("status") or {}

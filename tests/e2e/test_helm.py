@@ -51,6 +51,7 @@ CHART = ROOT / "deploy" / "helm" / "gangshare"
 CRD_FILE = ROOT / "crds" / "trainingjob.yaml"
 SAMPLE_CONFIG = ROOT / "extender" / "scheduler-config.yaml"
 POLICY_FILE = ROOT / "crds" / "trainingjob-admission-policy.yaml"
+SHARE_POLICY_FILE = ROOT / "crds" / "gpu-share-pod-policy.yaml"
 CRD_NAME = "trainingjobs.gangshare.io"
 QUEUE_CRD_NAME = "queues.gangshare.io"
 TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
@@ -152,6 +153,8 @@ def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
         ("agent.namespace=Kube_System", "/agent/namespace"),
         ("agent.sharSlots=2", "sharSlots"),
         ("podDisruptionBudget.enable=false", "enable"),
+        ("admissionPolicies.shareGraceSeconds=60", "/admissionPolicies/shareGraceSeconds"),
+        ("admissionPolicies.templateGraceSeconds=-1", "/admissionPolicies/templateGraceSeconds"),
     ]:
         done = helm("template", "x", str(CHART), "--set", setting, check=False)
         assert done.returncode != 0 and key in done.stderr, (setting, done.stderr)
@@ -255,38 +258,81 @@ def test_queue_values_are_checked_naming_the_key(helm: Helm):
         assert done.returncode != 0 and key in done.stderr, (extra, done.stderr)
 
 
-def test_the_template_policy_is_the_repository_file_and_the_pod_policy_names_the_release(
-    helm: Helm,
+def with_grace(spec: dict[str, Any], seconds: int) -> dict[str, Any]:
+    """A shipped policy's spec with its maxGraceSeconds variable set as the chart sets it."""
+    variables = [
+        {**v, "expression": str(seconds)} if v["name"] == "maxGraceSeconds" else v
+        for v in spec["variables"]
+    ]
+    return {**spec, "variables": variables}
+
+
+def agent_conditions(policy: dict[str, Any]) -> str:
+    return " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
+
+
+@pytest.mark.parametrize(
+    ("file", "suffix", "value", "default"),
+    [
+        (POLICY_FILE, "trainingjob-templates", "templateGraceSeconds", 300),
+        (SHARE_POLICY_FILE, "share-pod-grace", "shareGraceSeconds", 30),
+    ],
+)
+def test_the_shipped_policies_are_the_repository_files_with_the_grace_from_values(
+    helm: Helm, file: Path, suffix: str, value: str, default: int
 ):
+    shipped = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    grace = {v["name"]: v["expression"] for v in shipped[0]["spec"]["variables"]}
+    assert grace["maxGraceSeconds"] == str(default)  # the chart's default is the file's
+    for seconds, manifests in [
+        (default, helm.render(namespace="gs-sys")),
+        (12, helm.render("--set", f"admissionPolicies.{value}=12", namespace="gs-sys")),
+    ]:
+        for original in shipped:
+            rendered = manifests[(original["kind"], f"gangshare-{suffix}")]
+            assert rendered["metadata"]["labels"]["app.kubernetes.io/instance"] == "gangshare"
+            # The same policy as crds/, renamed after the release so both may be installed.
+            if original["kind"] == "ValidatingAdmissionPolicyBinding":
+                assert rendered["spec"] == {**original["spec"], "policyName": f"gangshare-{suffix}"}
+            else:
+                assert rendered["spec"] == with_grace(original["spec"], seconds)
+
+
+def test_the_pod_policies_name_the_release_and_scope_the_agent_to_its_node(helm: Helm):
     manifests = helm.render(namespace="gs-sys")
-    shipped = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
-    for original in shipped:
-        rendered = manifests[(original["kind"], "gangshare-trainingjob-templates")]
-        assert rendered["metadata"]["labels"]["app.kubernetes.io/instance"] == "gangshare"
-        # The same policy as crds/, renamed after the release so both may be installed.
-        assert rendered["spec"] == {
-            **original["spec"],
-            **(
-                {"policyName": "gangshare-trainingjob-templates"}
-                if "policyName" in original["spec"]
-                else {}
-            ),
-        }
     pod_policy = manifests[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
     allowed = pod_policy["spec"]["matchConditions"][0]["expression"]
-    for account in ("gangshare-operator", "gangshare-scheduler", "gangshare-agent"):
+    for account in ("gangshare-operator", "gangshare-scheduler"):
         assert f"'system:serviceaccount:gs-sys:{account}'" in allowed
+    # The agent is exempt only on pods of the node bound into its token.
+    [agent_rule] = [
+        c for c in pod_policy["spec"]["matchConditions"] if "gangshare-agent" in c["expression"]
+    ]
+    assert "'system:serviceaccount:gs-sys:gangshare-agent'" in agent_rule["expression"]
+    assert "authentication.kubernetes.io/node-name" in agent_rule["expression"]
+    scope = manifests[("ValidatingAdmissionPolicy", "gangshare-agent-node-scope")]
+    assert agent_conditions(scope) == (
+        "request.userInfo.username == 'system:serviceaccount:gs-sys:gangshare-agent'"
+    )
+    binding = manifests[("ValidatingAdmissionPolicyBinding", "gangshare-agent-node-scope")]
+    assert binding["spec"] == {
+        "policyName": "gangshare-agent-node-scope",
+        "validationActions": ["Deny"],
+    }
     # The agent writes assigned-gpus from its own namespace when it runs elsewhere.
     elsewhere = helm.render("--set", "agent.namespace=kube-system", namespace="gs-sys")
-    pod_policy = elsewhere[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
-    allowed = pod_policy["spec"]["matchConditions"][0]["expression"]
-    assert "'system:serviceaccount:kube-system:gangshare-agent'" in allowed
-    assert "'system:serviceaccount:gs-sys:gangshare-agent'" not in allowed
+    for name in ("gangshare-reserved-pod-keys", "gangshare-agent-node-scope"):
+        conditions = agent_conditions(elsewhere[("ValidatingAdmissionPolicy", name)])
+        assert "'system:serviceaccount:kube-system:gangshare-agent'" in conditions
+        assert "'system:serviceaccount:gs-sys:gangshare-agent'" not in conditions
     no_agent = helm.render("--set", "agent.enabled=false", namespace="gs-sys")
     pod_policy = no_agent[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]
-    assert "gangshare-agent" not in pod_policy["spec"]["matchConditions"][0]["expression"]
+    assert "gangshare-agent" not in agent_conditions(pod_policy)
+    assert ("ValidatingAdmissionPolicy", "gangshare-agent-node-scope") not in no_agent
     off = helm.render(
-        "--set", "admissionPolicies.templates=false", "--set", "admissionPolicies.podKeys=false"
+        *("--set", "admissionPolicies.templates=false", "--set", "admissionPolicies.podKeys=false"),
+        *("--set", "admissionPolicies.shareGrace=false"),
+        *("--set", "admissionPolicies.agentNodeScope=false"),
     )
     assert not [key for key in off if key[0].startswith("ValidatingAdmissionPolicy")]
 
@@ -472,6 +518,8 @@ AGENT_HOST_PATHS = {
     "/var/lib/kubelet/device-plugins": ("Directory", False),
     "/var/lib/kubelet/pod-resources": ("Directory", True),
     "/var/run/gangshare": ("DirectoryOrCreate", False),
+    # The pods it may have stopped, for the next agent should this one be killed (#25).
+    "/var/run/gangshare-agent": ("DirectoryOrCreate", False),
 }
 
 
@@ -486,7 +534,7 @@ def host_paths(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tupl
     }
 
 
-def test_the_agent_daemonset_is_root_with_only_kill_and_three_host_paths(helm: Helm):
+def test_the_agent_daemonset_is_root_with_only_kill_and_four_host_paths(helm: Helm):
     manifests = helm.render("--set", "image.repository=registry.example/gangshare")
     daemonset = manifests[("DaemonSet", "gangshare-agent")]
     assert daemonset["metadata"]["namespace"] == "gangshare-system"
@@ -505,7 +553,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_three_host_paths(helm: H
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    # Exactly the device-plugin README's three host paths (plus the /tmp emptyDir).
+    # Exactly the device-plugin README's four host paths (plus the /tmp emptyDir).
     assert host_paths(pod, agent) == AGENT_HOST_PATHS
     assert [v["name"] for v in pod["volumes"] if "emptyDir" in v] == ["tmp"]
     # Placement: GPU nodes, through their GPU taint, never preempted for ordinary pods.
@@ -525,6 +573,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_three_host_paths(helm: H
     parsed = cli_parser().parse_args(agent["args"])
     assert (parsed.share_slots, parsed.tolerance, parsed.control_period) == (4, 0.05, 2.0)
     assert (parsed.metrics_port, str(parsed.socket_dir)) == (9402, "/var/run/gangshare")
+    assert str(parsed.state_dir) == "/var/run/gangshare-agent"
     assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     assert str(parsed.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
     values = [
@@ -550,6 +599,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_three_host_paths(helm: H
         "/var/lib/k0s/kubelet/device-plugins",
         "/var/lib/k0s/kubelet/pod-resources",
         "/var/run/gangshare",
+        "/var/run/gangshare-agent",
     }
     assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     account = changed[("ServiceAccount", "gangshare-agent")]
@@ -576,7 +626,7 @@ def test_the_agent_role_is_exactly_the_readme_list_and_agent_disabled_renders_no
         ("", "nodes", "patch"),
         ("", "pods", "list"),
         ("", "pods", "patch"),
-        ("", "pods/eviction", "create"),
+        ("", "pods", "delete"),
         ("events.k8s.io", "events", "create"),
     }
     assert not any("resourceNames" in rule for rule in rules)
@@ -1041,13 +1091,14 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, bool]] = [
     ("agent", "patch", "nodes", "", "", True),
     ("agent", "list", "pods", "", "*", True),
     ("agent", "patch", "pods", "", "*", True),
-    ("agent", "create", "pods", "eviction", "*", True),
+    # An over-cap opportunistic pod is deleted; the node-scope policy keeps it to its own node.
+    ("agent", "delete", "pods", "", "*", True),
+    ("agent", "create", "pods", "eviction", "*", False),
     ("agent", "create", "events.events.k8s.io", "", "*", True),
     ("agent", "list", "nodes", "", "", False),
     ("agent", "delete", "nodes", "", "", False),
     ("agent", "patch", "nodes", "status", "", False),
     ("agent", "create", "pods", "", "*", False),
-    ("agent", "delete", "pods", "", "*", False),
     ("agent", "watch", "pods", "", "*", False),
     ("agent", "create", "pods", "binding", "*", False),
     ("agent", "get", "secrets", "", "*", False),
@@ -1131,12 +1182,17 @@ def test_the_release_keeps_gangshare_keys_on_pods_its_own(
     assert allowed.returncode == 0, allowed.stderr
 
 
-def sa_kubeconfig(kube: Kube, release: Release, who: str, folder: Path) -> Path:
-    """A kubeconfig that authenticates with a fresh token of one of the chart's accounts."""
+def sa_kubeconfig(
+    kube: Kube, release: Release, who: str, folder: Path, pod: str | None = None
+) -> Path:
+    """A kubeconfig that authenticates with a fresh token of one of the chart's accounts, bound
+    to `pod` (of that account, in its namespace) when given, as the kubelet's projected tokens
+    are: the API server then names the pod's node in the token."""
+    bound = ["--bound-object-kind=Pod", f"--bound-object-name={pod}"] if pod else []
     token = subprocess.run(
         kube.kubectl(
             *("create", "token", f"{release.name}-{who}"),
-            *("-n", release.namespace_of(who), "--duration=1h"),
+            *("-n", release.namespace_of(who), "--duration=1h", *bound),
         ),
         capture_output=True,
         text=True,
@@ -1236,10 +1292,22 @@ def test_components_run_under_their_service_accounts(
         )
     )
     agent_metrics_port = processes.free_port()
+    # Its credentials are bound to a pod of its account on that node, as a DaemonSet pod's are:
+    # the chart's node-scope policy refuses the agent's writes under any other token.
+    agent_pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"agent-{agent_node}"),
+        spec=client.V1PodSpec(
+            node_name=agent_node,
+            service_account_name=f"{name}-agent",
+            containers=[client.V1Container(name="agent", image="example.invalid/agent:1")],
+        ),
+    )
+    kube.core.create_namespaced_pod(release.agent_namespace, agent_pod)
+    agent_kubeconfig = sa_kubeconfig(kube, release, "agent", tmp_path, pod=f"agent-{agent_node}")
     agent_args = with_flags(
         containers(release.manifests[("DaemonSet", f"{name}-agent")])["agent"]["args"],
         node_name=agent_node,
-        kubeconfig=str(sa_kubeconfig(kube, release, "agent", tmp_path)),
+        kubeconfig=str(agent_kubeconfig),
         nvml="fake",
         fake_spec=str(fake_gpus),
         device_plugin_dir=str(tmp_path / "device-plugins"),
@@ -1322,6 +1390,9 @@ def test_components_run_under_their_service_accounts(
         survivors = processes.stop(started)
         # Without grace: the namespace fixture then need not wait out 30 s per pod.
         kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        kube.core.delete_namespaced_pod(
+            f"agent-{agent_node}", release.agent_namespace, grace_period_seconds=0
+        )
         pool.cleanup()
     assert survivors == []
     for child in started:

@@ -6,18 +6,24 @@ The CRD's schema and CEL rules (crds/trainingjob.yaml) and the template policy
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
+from test_no_stuck_gangs import reasons_of
 
-from kube import Kube, OperatorProcess, eventually
-from tj import GROUP, PLURAL, VERSION, create, phase_is, trainingjob
+from gangshare.core.annotations import POD_EVICTED
+from gangshare.kube.snapshot import parse_time
+from kube import Kube, NodePool, OperatorProcess, eventually
+from tj import GROUP, PLURAL, VERSION, create, job_pods, phase_is, status, trainingjob
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +51,19 @@ GPU_SIDECAR = {
         {"name": "side", "image": "i", "restartPolicy": "Always", "resources": FOUR_GPUS}
     ]
 }
+
+
+def opportunistic(body: dict[str, Any]) -> dict[str, Any]:
+    body["spec"]["serviceClass"] = "Opportunistic"
+    return body
+
+
+def container_context(name: str, **context: Any) -> dict[str, Any]:
+    return {"containers": [{"name": name, "image": "i", "securityContext": context}]}
+
+
+UNCONFINED = {"type": "Unconfined"}
+YEAR = 31536000
 GPU_SECOND_CONTAINER = {
     "containers": [
         {"name": "t", "image": "i"},
@@ -99,6 +118,52 @@ GPU_SECOND_CONTAINER = {
             with_template("gpu-helper", {}, GPU_SECOND_CONTAINER),
             "spec.template.spec.containers[].resources: only the first container gets GPUs",
         ),
+        (
+            with_template("seccomp-pod", {}, {"securityContext": {"seccompProfile": UNCONFINED}}),
+            "spec.template.spec.securityContext.seccompProfile.type: Unconfined is not allowed",
+        ),
+        (
+            with_template("seccomp", {}, container_context("t", seccompProfile=UNCONFINED)),
+            "spec.template.spec.containers[].securityContext.seccompProfile.type: Unconfined",
+        ),
+        (
+            with_template("apparmor-pod", {}, {"securityContext": {"appArmorProfile": UNCONFINED}}),
+            "spec.template.spec.securityContext.appArmorProfile.type: Unconfined is not allowed",
+        ),
+        (
+            with_template("apparmor", {}, container_context("t", appArmorProfile=UNCONFINED)),
+            "spec.template.spec.containers[].securityContext.appArmorProfile.type: Unconfined",
+        ),
+        (
+            with_template(
+                "apparmor-annotation",
+                {"annotations": {"container.apparmor.security.beta.kubernetes.io/t": "unconfined"}},
+                {},
+            ),
+            "spec.template.metadata.annotations: the AppArmor and seccomp annotations may not say "
+            "unconfined",
+        ),
+        (
+            with_template("procmount", {}, container_context("t", procMount="Unmasked")),
+            "spec.template.spec.containers[].securityContext.procMount: only Default is allowed",
+        ),
+        (
+            with_template(
+                "sysctl",
+                {},
+                {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}},
+            ),
+            "spec.template.spec.securityContext.sysctls[].name: only Kubernetes' safe sysctls",
+        ),
+        (
+            with_template("long-grace", {}, {"terminationGracePeriodSeconds": YEAR}),
+            "spec.template.spec.terminationGracePeriodSeconds: at most 300 seconds",
+        ),
+        (
+            opportunistic(with_template("share-grace", {}, {"terminationGracePeriodSeconds": 60})),
+            "spec.template.spec.terminationGracePeriodSeconds: at most 30 seconds for "
+            "Opportunistic jobs",
+        ),
     ],
     ids=lambda value: value["metadata"]["name"] if isinstance(value, dict) else None,
 )
@@ -121,6 +186,11 @@ def test_a_namespace_a_cluster_admin_opted_in_may_run_privileged_templates(
 
     # Admission sees the namespace label through an informer: allow it a moment.
     assert eventually(accepted, timeout=20, what="the opted-in namespace accepts the template")
+    # Its privileges are the namespace's; an evicted Opportunistic worker's grace stays bounded.
+    long_grace = with_template("share", {}, {"terminationGracePeriodSeconds": 3600})
+    done = apply(crd, namespace, opportunistic(long_grace))
+    assert done.returncode != 0, done.stdout
+    assert "at most 30 seconds for Opportunistic jobs" in done.stderr, done.stderr
 
 
 def test_queue_and_priority_are_immutable_once_admitted(operator: OperatorProcess, namespace: str):
@@ -136,6 +206,60 @@ def test_queue_and_priority_are_immutable_once_admitted(operator: OperatorProces
         assert "spec.queue and spec.priority are immutable once the job is admitted" in str(
             refused.value.body
         )
+
+
+def test_a_requeued_job_moved_to_another_queue_goes_to_the_back_of_it(
+    operator: OperatorProcess, pool: NodePool, namespace: str, queues: Callable[..., str]
+):
+    kube = operator.kube
+    pool.nodes(1, 4)
+    first, second = queues("first"), queues("second")
+
+    def job(name: str, queue: str, priority: int = 0) -> dict[str, Any]:
+        spec = {"queue": queue, "priority": priority, "gpuModel": pool.model}
+        return trainingjob(name, 1, 4, exit_code=None, **spec)
+
+    create(kube, namespace, job("mover", first))
+    running = eventually(lambda: phase_is(kube, namespace, "mover", "Running"), timeout=60)
+    time.sleep(1.1)  # queuedAt counts whole seconds
+    create(kube, namespace, job("waiting", second))  # queued after the mover: behind it
+    # Ahead of the mover in its own queue: the GPUs the eviction frees go to it (or to waiting).
+    create(kube, namespace, job("jumper", first, priority=10))
+    eventually(
+        lambda: all(phase_is(kube, namespace, j, "Queued") for j in ("waiting", "jumper")),
+        what="waiting and jumper queued",
+    )
+    # A requeue that keeps the job's place: its worker evicted by a node's coordinator.
+    [worker] = job_pods(kube, namespace, "mover")
+    evicted = {POD_EVICTED: json.dumps({"message": "over its GPU memory cap"})}
+    kube.core.patch_namespaced_pod(
+        worker.metadata.name, namespace, {"metadata": {"annotations": evicted}}
+    )
+
+    def requeued() -> dict[str, Any] | None:
+        now = phase_is(kube, namespace, "mover", "Queued")
+        return now if now and now.get("evictions") else None
+
+    before = eventually(requeued, timeout=60, what="the mover evicted and requeued")
+    assert before["queuedAt"] == running["queuedAt"] and "admittedAt" not in before
+    ahead_of = parse_time(status(kube, namespace, "waiting")["queuedAt"])
+    assert parse_time(before["queuedAt"]) < ahead_of
+    time.sleep(1.1)
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "mover", {"spec": {"queue": second}}
+    )
+
+    def moved() -> dict[str, Any] | None:
+        now = status(kube, namespace, "mover")
+        return now if (now.get("queuedAs") or {}).get("queue") == second else None
+
+    after = eventually(moved, what="the mover's place in line restamped in its new queue")
+    assert after["queuedAs"] == {"queue": second, "priority": 0}
+    assert after["phase"] == "Queued", after
+    assert parse_time(after["queuedAt"]) > ahead_of, (after, ahead_of)
+    assert eventually(
+        lambda: "Moved" in reasons_of(kube, namespace, "mover") or None, what="the Moved event"
+    )
 
 
 def test_liveness_fails_when_the_scheduling_loop_hangs(crd: Kube, tmp_path: Path):

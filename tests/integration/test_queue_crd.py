@@ -1,10 +1,12 @@
 """The Queue CRD (crds/queue.yaml) in the real API server: schema and CEL refusals name the
 field (the same field the operator's own parser names), defaults, and what `kubectl get queues`
-prints. No operator runs here: these are the API server's answers alone.
+prints, and when a TrainingJob may change queue. No operator runs here: these are the API
+server's answers alone.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +26,7 @@ from gangshare.kube.queue import (
     parse_queue,
 )
 from kube import Kube
+from tj import trainingjob
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,3 +202,25 @@ def test_no_quota_reads_blank_and_a_zero_quota_reads_zero(crd: Kube, queues: Cal
     # A queue with no quota is unlimited, one with quota 0 only borrows: the table must differ.
     assert rows[plain][at : at + len("NOMINAL")].strip() == "", table
     assert rows[borrower][at : at + len("NOMINAL")].strip() == "0", table
+
+
+@pytest.mark.parametrize("phase", ["Queued", "Admitted", "Running", "Restarting", "Succeeded"])
+def test_a_job_changes_queue_or_priority_only_while_queued(crd: Kube, namespace: str, phase: str):
+    """Keyed on the phase: admittedAt, which every requeue clears, is left out of the status
+    on purpose (the operator puts a job moved while Queued at the back of its new line)."""
+    name = f"job-{phase.lower()}"
+    crd.custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", trainingjob(name, 1, 1)
+    )
+    crd.custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "trainingjobs", name, {"status": {"phase": phase}}
+    )
+    for change in ({"queue": "elsewhere"}, {"priority": 7}):
+        patch = ["--type=merge", "-p", json.dumps({"spec": change})]
+        done = kubectl(crd, "patch", "trainingjob", name, "-n", namespace, *patch)
+        if phase == "Queued":
+            assert done.returncode == 0, done.stderr
+        else:
+            assert done.returncode != 0, (phase, change, done.stdout)
+            refusal = "spec.queue and spec.priority are immutable once the job is admitted"
+            assert f"{refusal}: they may change only while it is Queued" in done.stderr, done.stderr

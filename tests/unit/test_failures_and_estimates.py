@@ -6,10 +6,12 @@ from gangshare.core.estimate import RuntimeEstimator
 from gangshare.core.failures import (
     FailureClass,
     FailureSignal,
+    GpuTenant,
     RetryPolicy,
     classify_failure,
     classify_image_pull,
     decide_retry,
+    shared_with,
 )
 
 USER, INFRA = FailureClass.USER, FailureClass.INFRASTRUCTURE
@@ -36,6 +38,91 @@ def test_failures_are_classified(signal, cls, reason):
     failure = classify_failure(signal)
     assert (failure.failure_class, failure.reason) == (cls, reason)
     assert failure.message
+
+
+TORCH_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.10 GiB of which 1.12 GiB is free."
+)
+
+
+@pytest.mark.parametrize(
+    "last_words",
+    [
+        TORCH_OOM,
+        "RuntimeError: CUDA error: out of memory",
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "NCCL WARN Cuda failure 'out of memory'",
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to "
+        "allocate 4294967296 bytes.",
+    ],
+)
+def test_a_gpu_out_of_memory_beside_an_opportunistic_tenant_is_infrastructure(last_words):
+    # Early, so without the tenant it would be the user's (ErrorExitEarly, never retried).
+    signal = FailureSignal(
+        exit_code=1,
+        seconds_since_start=30,
+        message="worker 0 container trainer exited with code 1",
+        termination_message=last_words,
+        shared_with=("lab/opp-0",),
+    )
+    failure = classify_failure(signal)
+    assert (failure.failure_class, failure.reason) == (INFRA, "SharedGpuOutOfMemory")
+    assert "lab/opp-0" in failure.message and "not charged" in failure.message
+    # Retried with back-off, and not counted against the user's error budget.
+    assert decide_retry(failure, 0, 0, RetryPolicy()).retry
+
+
+@pytest.mark.parametrize(
+    ("last_words", "tenants", "reason"),
+    [
+        (TORCH_OOM, (), "ErrorExitEarly"),  # nobody shared the GPU: the job's own
+        ("ValueError: bad learning rate", ("lab/opp-0",), "ErrorExitEarly"),  # not an OOM
+        ("", ("lab/opp-0",), "ErrorExitEarly"),  # no last words: nothing says OOM
+    ],
+)
+def test_other_early_failures_stay_the_users(last_words, tenants, reason):
+    signal = FailureSignal(
+        exit_code=1, seconds_since_start=30, termination_message=last_words, shared_with=tenants
+    )
+    failure = classify_failure(signal)
+    assert (failure.failure_class, failure.reason) == (USER, reason)
+
+
+def test_a_host_memory_kill_stays_the_users_even_beside_a_tenant():
+    # OOMKilled is the container's own memory limit, which no GPU tenant touches.
+    signal = FailureSignal(
+        exit_code=137,
+        terminated_reason="OOMKilled",
+        termination_message=TORCH_OOM,
+        shared_with=("lab/opp-0",),
+    )
+    assert classify_failure(signal).failure_class is USER
+
+
+@pytest.mark.parametrize(
+    ("worker_gpus", "tenant", "shared"),
+    [
+        (frozenset({0, 1}), GpuTenant("lab/a", frozenset({1}), 100.0), True),  # same GPU
+        (frozenset({0, 1}), GpuTenant("lab/a", frozenset({2, 3}), 100.0), False),  # others
+        # Not known for either side: the same node is enough.
+        (None, GpuTenant("lab/a", frozenset({2}), 100.0), True),
+        (frozenset({0}), GpuTenant("lab/a", None, 100.0), True),
+        # Started after the worker ended (at 200): it cannot have taken its memory.
+        (frozenset({0}), GpuTenant("lab/a", frozenset({0}), 200.5), False),
+        (frozenset({0}), GpuTenant("lab/a", frozenset({0}), None), True),  # start unknown
+    ],
+)
+def test_who_may_have_shared_the_workers_gpus(worker_gpus, tenant, shared):
+    assert shared_with(worker_gpus, 200.0, [tenant]) == (("lab/a",) if shared else ())
+
+
+def test_the_message_names_a_few_tenants_and_counts_the_rest():
+    tenants = [GpuTenant(f"lab/t{i}", None) for i in range(5)]
+    names = shared_with(frozenset({0}), None, tenants)
+    assert names == ("lab/t0", "lab/t1", "lab/t2", "lab/t3", "lab/t4")
+    signal = FailureSignal(exit_code=1, termination_message=TORCH_OOM, shared_with=names)
+    assert "lab/t0, lab/t1, lab/t2 and 2 more shared" in classify_failure(signal).message
 
 
 def test_infrastructure_failures_retry_with_exponential_backoff_until_exhausted():

@@ -45,6 +45,7 @@ from gangshare.core.node import NodeState
 log = logging.getLogger("gangshare.agent")
 
 RECHECK_SECONDS = 60.0
+THROTTLE_STATE = "throttled.json"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class AgentConfig:
     publish_interval: float
     tick: float = 1.0
     mps_pipe_dir: Path | None = None
+    # Node-local state that must outlive a killed agent (the pods it may have stopped).
+    state_dir: Path | None = None
     control: ControlParams = field(default_factory=ControlParams)
     enforcement: EnforcementParams = field(default_factory=EnforcementParams)
 
@@ -93,7 +96,10 @@ class Agent:
             else None
         )
         self.throttler = (
-            Throttler(config.enforcement.throttle_period_seconds)
+            Throttler(
+                config.enforcement.throttle_period_seconds,
+                state_file=config.state_dir / THROTTLE_STATE if config.state_dir else None,
+            )
             if self.layers.stop_continue
             else None
         )

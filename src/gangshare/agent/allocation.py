@@ -74,9 +74,16 @@ def _join_mps(
     threads and pinned memory); the coordinator moves the SDK's caps below them at run time.
     A guaranteed container joins too (a GPU under an MPS server serves only its clients), with
     no limit.
+
+    These variables are advisory: the container's entrypoint can unset them, and the driver
+    takes per-client limits only from the client's environment (the control daemon sets them
+    per server). What holds is outside the container: NVML's per-process samples and memory,
+    stop/continue and removal (core/enforcement.py). The pipe folder is mounted read-only: a
+    client still connects (the kernel checks no mount flag on sockets and FIFOs), but no tenant
+    can replace, remove or add anything in the folder every GPU container shares.
     """
     envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_CONTAINER_DIR
-    mounts.append((MPS_CONTAINER_DIR, pipe_dir, False))
+    mounts.append((MPS_CONTAINER_DIR, pipe_dir, True))
     if resource != SHARE_RESOURCE:
         return
     envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // slots))

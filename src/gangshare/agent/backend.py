@@ -2,7 +2,7 @@
 
 Both backends answer the same questions, so every test without a GPU runs the agent's real
 code: the inventory (with NVLink links as a matrix the core turns into islands), live samples,
-per-process memory, and health events.
+per-process memory and SM time, and health events.
 """
 
 from __future__ import annotations
@@ -62,6 +62,9 @@ class GpuProcess:
     index: int
     pid: int  # a host PID
     memory_mib: int
+    # The process's SM share 0..1 since the last read (NVML's per-process samples); None
+    # where the GPU gives none. Measured by the driver, so the tenant cannot forge it.
+    sm: float | None = None
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 Every period it reads, per GPU, which pod holds it as guaranteed (`nvidia.com/gpu`) and which
 hold share slots (`gangshare.io/gpu-share`, opportunistic) from the kubelet's PodResources,
-the guaranteed pod's step times from its SDK, and memory per pod from NVML's process list
-(host PID -> cgroup -> pod). It runs `decide_gpu` per GPU, gives each opportunistic pod its
-caps (pushed to its SDK and written on the pod), throttles pods that do not keep their duty,
-and evicts pods that stay over their memory cap.
+the guaranteed pod's step times from its SDK, and memory and SM time per pod from NVML's
+process list (host PID -> cgroup -> pod). It runs `decide_gpu` per GPU, gives each
+opportunistic pod its caps (pushed to its SDK and written on the pod), throttles pods that do
+not keep their duty, and removes pods that stay over their memory cap.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from gangshare.core.enforcement import (
     SdkReport,
     backstop_duties,
     cooperation,
+    measured_share,
     memory_overruns,
     pod_caps,
 )
@@ -52,12 +53,14 @@ class PodInfo:
     namespace: str
     name: str
     gang: str
+    grace_seconds: int = 30  # spec.terminationGracePeriodSeconds
 
 
 @dataclass
 class _Reports:
     steps: list[float] = field(default_factory=list)  # not yet given to the law
-    recent: deque[tuple[float, float]] = field(default_factory=deque)  # (received at, seconds)
+    # (received at, seconds); bounded in count too, whatever a pod's SDK sends in the window.
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     first_at: float = 0.0
     last_at: float = 0.0
     count: int | None = None
@@ -95,6 +98,11 @@ class Coordinator:
         self._caps: dict[str, WireCaps] = {}
         self._over_since: dict[str, float] = {}
         self._capped_since: dict[str, float] = {}
+        # Per capped pod: (at, busy share) from NVML, and the pods caught over their duty by
+        # it. Once caught, a pod stays duty-cycled while it is capped: held by stop/continue it
+        # measures within its duty, which says nothing about what it would do if let go.
+        self._measured: dict[str, deque[tuple[float, float]]] = {}
+        self._caught: dict[str, tuple[str, str]] = {}
         self._generation = 0
 
     # ----- from the SDK server's thread ----------------------------------------------------
@@ -128,8 +136,10 @@ class Coordinator:
         kubelet: Mapping[tuple[str, str], PodDevices],
         pods: Mapping[tuple[str, str], PodInfo],
         memory: Mapping[str, Mapping[int, int]],
+        busy: Mapping[str, float] | None = None,
     ) -> Outcome:
-        """`memory`: pod uid -> GPU index -> MiB its processes hold (NVML)."""
+        """`memory`: pod uid -> GPU index -> MiB its processes hold (NVML); `busy`: pod uid ->
+        its processes' SM share on its busiest GPU (NVML), for pods the GPU samples."""
         now = self.clock()
         guaranteed, opportunistic = self._tenants(kubelet, pods)
         with self._lock:
@@ -156,15 +166,27 @@ class Coordinator:
         with self._lock:
             reports = {uid: self._report_of(uid, now) for uid in caps}
         self._capped_since = {uid: self._capped_since.get(uid, now) for uid in caps}
+        measured = self._measure(caps, busy or {}, now)
         throttled = {
             uid: why
             for uid, cap in caps.items()
             if (
-                why := cooperation(
-                    cap, reports[uid], now, self.enforcement, self._capped_since[uid]
+                why := self._caught.get(uid)
+                or cooperation(
+                    cap,
+                    reports[uid],
+                    now,
+                    self.enforcement,
+                    self._capped_since[uid],
+                    measured.get(uid),
                 )
             )
             is not None
+        }
+        self._caught = {
+            uid: why
+            for uid, why in throttled.items()
+            if why[0] == "OverDutyMeasured" and caps[uid].duty < 1.0
         }
         used = {uid: max(memory.get(uid, {}).values(), default=0) for uid in caps}
         self._over_since, evictions = memory_overruns(
@@ -196,6 +218,27 @@ class Coordinator:
             for index in self.devices.indices(SHARE_RESOURCE, slots):
                 opportunistic.setdefault(index, set()).add(info.uid)
         return guaranteed, opportunistic
+
+    def _measure(
+        self, caps: Mapping[str, Caps], busy: Mapping[str, float], now: float
+    ) -> dict[str, float]:
+        """Each capped pod's measured busy share over the window, where NVML samples it."""
+        window = self.enforcement.measure_window_seconds
+        self._measured = {uid: self._measured.get(uid, deque()) for uid in caps}
+        shares: dict[str, float] = {}
+        for uid, samples in self._measured.items():
+            if uid in busy:
+                samples.append((now, busy[uid]))
+            while samples and samples[0][0] <= now - window:
+                samples.popleft()
+            share = measured_share(samples, now, self.enforcement)
+            if caps[uid].duty <= 0.0 and samples:
+                # Told to stand still (the law is timing the guaranteed job alone): any busy
+                # sample is over, and waiting for a window would let it spoil that baseline.
+                share = max(share or 0.0, samples[-1][1])
+            if share is not None:
+                shares[uid] = share
+        return shares
 
     def _take_steps(self, uid: str) -> tuple[float, ...]:
         reports = self._reports.get(uid)
@@ -240,6 +283,23 @@ def memory_by_pod(
         per_gpu = out.setdefault(uid, {})
         per_gpu[process.index] = per_gpu.get(process.index, 0) + process.memory_mib
     return out
+
+
+def busy_by_pod(
+    processes: list[GpuProcess], pod_of_pid: Callable[[int], str | None]
+) -> dict[str, float]:
+    """pod uid -> its processes' summed SM share on its busiest GPU, from NVML's samples (pods
+    whose GPUs give no samples are left out: their busy share is unknown, not zero)."""
+    per_gpu: dict[str, dict[int, float]] = {}
+    for process in processes:
+        if process.sm is None:
+            continue
+        uid = pod_of_pid(process.pid)
+        if uid is None:
+            continue
+        shares = per_gpu.setdefault(uid, {})
+        shares[process.index] = min(1.0, shares.get(process.index, 0.0) + process.sm)
+    return {uid: max(shares.values()) for uid, shares in per_gpu.items()}
 
 
 def caps_annotation(caps: WireCaps) -> str:

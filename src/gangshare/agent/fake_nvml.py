@@ -12,8 +12,8 @@ time, in seconds since the backend started:
           utilization:                       # the last entry whose `at` has passed holds
             - at: 0
               gpus: {"0": {sm: 0.4, memoryUsedMiB: 2048}}
-          processes:
-            - {gpu: 0, pid: 4242, memoryMiB: 1024, at: 0, until: 600}
+          processes:                         # sm: the process's SM share, as NVML
+            - {gpu: 0, pid: 4242, memoryMiB: 1024, sm: 0.9, at: 0, until: 600}
           failures:
             - {gpu: 1, at: 5, xid: 79}        # or `lost: true`
 
@@ -117,10 +117,16 @@ def parse_fake(section: Any, path: str, count: int) -> tuple[Any, Any, Any]:
     for i, entry in enumerate(_list(fake, "processes", path)):
         where = f"{path}.processes[{i}]"
         entry = _mapping(entry, where)
+        process_sm = None
+        if entry.get("sm") is not None:
+            process_sm = _number(entry["sm"], f"{where}.sm")
+            if process_sm > 1:
+                raise BackendError(f"{where}.sm: must be between 0 and 1, got {process_sm:g}")
         process = GpuProcess(
             _gpu(entry.get("gpu"), f"{where}.gpu", count),
             _integer(entry.get("pid"), f"{where}.pid", 1),
             _integer(entry.get("memoryMiB", 0), f"{where}.memoryMiB"),
+            process_sm,
         )
         start = _number(entry.get("at", 0), f"{where}.at")
         until = _number(entry.get("until", float("inf")), f"{where}.until")

@@ -68,6 +68,13 @@ def add_agent_command(commands: Any) -> None:
         help="host folder mounted read-only into GPU containers for the training SDK",
     )
     agent.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("/var/run/gangshare-agent"),
+        help="host folder for state that outlives a killed agent (the pods it may have "
+        "stopped); never mounted into tenants' containers",
+    )
+    agent.add_argument(
         "--mps-pipe-dir",
         type=Path,
         default=Path("/tmp/nvidia-mps"),
@@ -142,6 +149,7 @@ def run_agent(args: argparse.Namespace) -> int:
         share_slots=args.share_slots,
         publish_interval=args.publish_interval,
         mps_pipe_dir=args.mps_pipe_dir,
+        state_dir=args.state_dir,
         control=control,
     )
     try:

@@ -75,17 +75,18 @@ class NodeApi:
             raise
         return True
 
-    def evict_pod(self, namespace: str, name: str, uid: str) -> str | None:
-        """Evict through the Eviction API (PodDisruptionBudgets apply); why not, if refused."""
-        body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> str | None:
+        """Delete the pod with this grace (the uid precondition guards a replacement); why
+        not, if refused. Not the Eviction API: see control_loop.py."""
+        options = client.V1DeleteOptions(
+            grace_period_seconds=grace_seconds,
+            preconditions=client.V1Preconditions(uid=uid),
         )
         try:
-            self.core.create_namespaced_pod_eviction(name, namespace, body)
+            self.core.delete_namespaced_pod(name, namespace, body=options)
         except ApiException as err:
-            if err.status == 404:
-                return None  # already gone: what eviction wanted
+            if err.status in (404, 409):
+                return None  # gone, or replaced by a new pod: nothing of this one to remove
             return f"{err.status} {err.reason}"
         return None
 

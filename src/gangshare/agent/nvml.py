@@ -2,7 +2,7 @@
 
 NVML observes; it does not cap anything. This module only reads: the inventory, NVLink
 reachability (peer-to-peer over NVLink, which also covers GPUs joined by an NVSwitch), live
-utilization, per-process memory (host PIDs), and critical XID events.
+utilization, per-process memory and SM samples (host PIDs), and critical XID events.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ class NvmlBackend:
         ]
         self._inventory = self._read_inventory()
         self._events = self._register_events()
+        # Per GPU: the newest process sample read (NVML's microsecond timestamp), so each read
+        # returns only what ran since; GPUs that give no per-process samples are remembered.
+        self._seen: dict[int, int] = {}
+        self._no_samples: set[int] = set()
 
     # ----- inventory ---------------------------------------------------------------------
 
@@ -117,10 +121,34 @@ class NvmlBackend:
                 running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except nvml.NVMLError:
                 continue
+            busy = self._sm_by_pid(index, handle)
             for process in running:
                 used = process.usedGpuMemory
-                out.append(GpuProcess(index, int(process.pid), int((used or 0) // MIB)))
+                pid = int(process.pid)
+                sm = None if busy is None else busy.get(pid, 0.0)
+                out.append(GpuProcess(index, pid, int((used or 0) // MIB), sm))
         return out
+
+    def _sm_by_pid(self, index: int, handle: Any) -> dict[int, float] | None:
+        """Each process's mean SM share over the samples since the last read; None where the
+        GPU gives no per-process samples (then only the SDK's word is left)."""
+        nvml = self.nvml
+        read = getattr(nvml, "nvmlDeviceGetProcessUtilization", None)
+        if read is None or index in self._no_samples:
+            return None
+        try:
+            samples = read(handle, self._seen.get(index, 0))
+        except nvml.NVMLError as err:
+            if isinstance(err, getattr(nvml, "NVMLError_NotFound", ())):
+                return {}  # no process ran a kernel since the last read
+            if isinstance(err, getattr(nvml, "NVMLError_NotSupported", ())):
+                self._no_samples.add(index)
+            return None
+        shares: dict[int, list[float]] = {}
+        for sample in samples:
+            shares.setdefault(int(sample.pid), []).append(min(1.0, sample.smUtil / 100.0))
+            self._seen[index] = max(self._seen.get(index, 0), int(sample.timeStamp))
+        return {pid: sum(values) / len(values) for pid, values in shares.items()}
 
     # ----- health ------------------------------------------------------------------------
 

@@ -4,16 +4,22 @@ Every process of the pod (found by cgroup) is stopped and continued together, an
 hands the same duty to every pod of the gang on this node, so ranks stay in step. A pod that
 leaves the throttled set, and every pod when the agent stops, is continued: the agent never
 leaves anything stopped behind it.
+
+An agent that is SIGKILLed or OOM-killed cannot continue anything, so the pods it may stop
+are written to a state file on the node before it ever stops one (write-ahead), and the next
+agent to start continues every process of every pod named there before it does anything else.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from gangshare.agent.cgroups import pids_by_pod
 from gangshare.core.enforcement import running_at
@@ -29,8 +35,11 @@ class Throttler:
         pids: Callable[[], Mapping[str, list[int]]] = pids_by_pod,
         kill: Callable[[int, int], None] = os.kill,
         clock: Callable[[], float] = time.monotonic,
+        state_file: Path | None = None,
     ) -> None:
         self.period = period
+        self.state_file = state_file
+        self._recorded: frozenset[str] = frozenset()
         self.pids = pids
         self.kill = kill
         self.clock = clock
@@ -43,13 +52,36 @@ class Throttler:
 
     def set_duties(self, duties: Mapping[str, float]) -> None:
         with self._lock:
+            may_stop = frozenset(duties) | self._stopped
+            if may_stop - self._recorded:
+                self._record(may_stop)  # before the tick can stop any of them
             self._duties = dict(duties)
+
+    def _record(self, uids: frozenset[str]) -> None:
+        if self.state_file is not None:
+            write_state(self.state_file, uids)
+        self._recorded = uids
+
+    def resume_left_stopped(self) -> list[str]:
+        """Continue every process of the pods a previous agent may have left stopped."""
+        if self.state_file is None:
+            return []
+        uids = read_state(self.state_file)
+        if uids:
+            pids = self.pids()
+            for uid in uids:
+                self._signal(pids.get(uid, []), signal.SIGCONT)
+            log.warning("continued pods a previous agent may have left stopped: %s", uids)
+        with self._lock:
+            self._record(frozenset(self._duties) | self._stopped)
+        return uids
 
     def stopped(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._stopped)
 
     def start(self) -> None:
+        self.resume_left_stopped()
         self._thread = threading.Thread(target=self._run, name="throttle", daemon=True)
         self._thread.start()
 
@@ -83,6 +115,8 @@ class Throttler:
         self.cycles += len(to_stop)
         with self._lock:
             self._stopped = want_stopped
+            if release_all:
+                self._record(frozenset())
 
     def _signal(self, pids: list[int], sig: int) -> None:
         for pid in pids:
@@ -90,3 +124,23 @@ class Throttler:
                 self.kill(pid, sig)
             except ProcessLookupError:
                 continue
+
+
+def write_state(path: Path, uids: frozenset[str]) -> None:
+    """Atomically (rename), so a kill mid-write leaves the old list, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"mayBeStopped": sorted(uids)}))
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> list[str]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as err:
+        log.error("throttle state %s unreadable (%s): nothing to continue from it", path, err)
+        return []
+    uids = doc.get("mayBeStopped") if isinstance(doc, dict) else None
+    return [u for u in uids if isinstance(u, str)] if isinstance(uids, list) else []

@@ -2,11 +2,14 @@
 
 The law (coordinator.py) decides per GPU. Here:
 - a pod gets the tightest caps of its GPUs, and a gang one duty (its slowest rank's);
-- a pod cooperates when its SDK reports steps and its reported busy share stays within its
-  duty; one that does not (no SDK, silent, or busier than allowed) is duty-cycled by
-  stop/continue, together with the rest of its gang on the node, never one rank alone;
-- a pod whose GPU memory stays over its cap past a grace is evicted (and requeued by the
-  operator); guaranteed pods never get caps, so they are never throttled or evicted here.
+- a pod is judged by what it cannot forge where the node can measure it: NVML's per-process
+  SM samples, summed over the pod's processes (found by cgroup). A pod busier than its duty
+  is duty-cycled by stop/continue, together with the rest of its gang on the node, never one
+  rank alone, whatever its SDK says. Only where NVML has no per-process samples does the
+  judgement fall back to the SDK's reports (advisory: a tenant can lie to its own SDK);
+- a pod whose GPU memory stays over its cap past a grace is removed (and requeued by the
+  operator), within a bounded grace of its own; guaranteed pods never get caps, so they are
+  never throttled or removed here.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ class EnforcementParams:
     report_timeout_seconds: float = 30.0
     # One stop/continue cycle of the backstop.
     throttle_period_seconds: float = 1.0
+    # A pod's measured busy share is its NVML samples' mean over this window, judged once
+    # they span at least `measure_min_seconds` (one sample says little; a short window lets a
+    # flat-out pod be stopped soon).
+    measure_window_seconds: float = 10.0
+    measure_min_seconds: float = 3.0
+    # The longest a removed pod may take to stop (its own grace, if shorter, holds); its
+    # processes are killed by the agent if they still hold GPU memory this long after.
+    removal_grace_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -76,11 +87,25 @@ def cooperation(
     now: float,
     params: EnforcementParams,
     capped_since: float | None = None,
+    measured: float | None = None,
 ) -> tuple[str, str] | None:
     """Why a capped pod does not keep its duty by itself (a CamelCase cause and a message),
-    or None when it does. A pod capped only lately gets the report timeout to start its SDK
-    (a container imports its framework before its first step)."""
+    or None when it does.
+
+    `measured` is the pod's busy share from NVML's per-process samples over the window
+    (None where the GPU gives none): when there is one, it decides, whatever the SDK says,
+    so a pod that reports fake step times and runs flat out is caught, and one that keeps its
+    duty needs no SDK. Otherwise the SDK's reports are all there is: a pod capped only lately
+    gets the report timeout to start its SDK (a container imports its framework first)."""
     if caps.duty >= 1.0:
+        return None
+    if measured is not None:
+        if measured > caps.duty + params.busy_slack:
+            return (
+                "OverDutyMeasured",
+                f"NVML measured its processes busy {measured:.0%} of the time against a duty "
+                f"of {caps.duty:.0%}",
+            )
         return None
     if report is None:
         if capped_since is not None and now - capped_since < params.report_timeout_seconds:
@@ -107,6 +132,17 @@ def backstop_duties(
         if key in throttled:
             gang_duty[key] = min(gang_duty.get(key, 1.0), cap.duty)
     return {uid: gang_duty[gangs.get(uid, uid)] for uid in caps if gangs.get(uid, uid) in gang_duty}
+
+
+def measured_share(
+    samples: Iterable[tuple[float, float]], now: float, params: EnforcementParams
+) -> float | None:
+    """A pod's busy share from (at, share) samples: their mean over the window, or None while
+    they span less than `measure_min_seconds` of it."""
+    recent = [(at, share) for at, share in samples if at > now - params.measure_window_seconds]
+    if not recent or now - recent[0][0] < params.measure_min_seconds:
+        return None
+    return sum(share for _, share in recent) / len(recent)
 
 
 def running_at(duty: float, now: float, period: float) -> bool:
@@ -144,7 +180,7 @@ def memory_overruns(
                     uid,
                     "GpuMemoryOverCap",
                     f"uses {used} MiB of GPU memory against a cap of {cap.memory_mib} MiB "
-                    f"for {now - since:.0f}s; evicted to give a guaranteed job its memory, "
+                    f"for {now - since:.0f}s; removed to give a guaranteed job its memory, "
                     "and requeued",
                 )
             )

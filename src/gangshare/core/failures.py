@@ -1,8 +1,15 @@
 """Failure classes and retry decisions (Philly, ATC 2019: ~30% of jobs fail; user errors
-fail early and repeat, infrastructure errors fail late and go away on another try)."""
+fail early and repeat, infrastructure errors fail late and go away on another try).
+
+A GPU out-of-memory error is the job's own, unless an opportunistic tenant shared the GPU
+while the worker ran: a tenant over its memory cap is evicted only after a grace
+(core/enforcement.py), and a guaranteed job that ran out of memory meanwhile is the
+infrastructure's failure, retried and not charged to its user.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -49,6 +56,21 @@ INFRA_POD_REASONS = frozenset(
 SIGNAL_EXIT_CODES = frozenset({137, 143})
 # A non-zero exit this soon after start is the user's code or config, not the machine.
 EARLY_FAILURE_SECONDS = 600.0
+# How running out of GPU memory reads in a worker's last words (lower case): PyTorch, the CUDA
+# runtime and driver, cuBLAS and cuDNN, NCCL, XLA.
+GPU_OUT_OF_MEMORY_MARKERS = (
+    "cuda out of memory",
+    "outofmemoryerror",
+    "cuda error: out of memory",
+    "cudaerrormemoryallocation",
+    "cuda_error_out_of_memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cuda failure 'out of memory'",
+    "resource_exhausted: out of memory",
+)
+# Tenants named in a failure's message, at most.
+NAMED_TENANTS = 3
 
 
 class FailureClass(StrEnum):
@@ -66,6 +88,10 @@ class FailureSignal:
     pod_reason: str | None = None  # pod status, e.g. "Evicted"
     seconds_since_start: float | None = None
     message: str = ""
+    # The container's own last words (its termination message).
+    termination_message: str = ""
+    # Opportunistic tenants that may have shared the worker's GPUs while it ran.
+    shared_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,13 @@ def classify_failure(signal: FailureSignal) -> Failure:
         return Failure(FailureClass.USER, "OOMKilled", "worker exceeded its memory limit")
     code = signal.exit_code
     what = signal.message or f"worker exited with code {code}"
+    if signal.shared_with and gpu_out_of_memory(signal.termination_message):
+        return Failure(
+            FailureClass.INFRASTRUCTURE,
+            "SharedGpuOutOfMemory",
+            f"{what}: out of GPU memory while {_named(signal.shared_with)} shared its GPUs; "
+            "retried as infrastructure, not charged to the job",
+        )
     if code in SIGNAL_EXIT_CODES:
         return Failure(
             FailureClass.INFRASTRUCTURE, "KilledBySignal", f"{what} (killed by a signal)"
@@ -105,6 +138,42 @@ def classify_failure(signal: FailureSignal) -> Failure:
         "ErrorExitLate",
         f"{what}{after}; a late failure is retried as infrastructure",
     )
+
+
+def gpu_out_of_memory(text: str) -> bool:
+    """Whether a worker's last words say it ran out of GPU memory."""
+    lowered = text.lower()
+    return any(marker in lowered for marker in GPU_OUT_OF_MEMORY_MARKERS)
+
+
+@dataclass(frozen=True)
+class GpuTenant:
+    """An opportunistic pod on a failed worker's node, as far as the failure's class goes."""
+
+    name: str
+    gpus: frozenset[int] | None  # the GPU indices it holds; None when not recorded
+    started_at: float | None = None  # None when not known
+
+
+def shared_with(
+    worker_gpus: frozenset[int] | None, ended_at: float | None, tenants: Iterable[GpuTenant]
+) -> tuple[str, ...]:
+    """The tenants that may have shared the worker's GPUs while it ran. Conservative: one on
+    the same GPU, or anywhere on the node where either side's GPUs are not known; only a
+    tenant that started after the worker ended is ruled out by time."""
+    names = []
+    for tenant in tenants:
+        if ended_at is not None and tenant.started_at is not None and tenant.started_at > ended_at:
+            continue
+        if worker_gpus is None or tenant.gpus is None or worker_gpus & tenant.gpus:
+            names.append(tenant.name)
+    return tuple(sorted(names))
+
+
+def _named(tenants: tuple[str, ...]) -> str:
+    shown = ", ".join(tenants[:NAMED_TENANTS])
+    more = len(tenants) - NAMED_TENANTS
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 def classify_image_pull(

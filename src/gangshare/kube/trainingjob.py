@@ -26,6 +26,10 @@ KIND = "TrainingJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DEFAULT_SLOWDOWN_TOLERANCE = 0.05
+# An Opportunistic worker over its memory cap is deleted; its grace bounds how long it keeps the
+# memory (the CRD's rule, the chart's share-pod-grace policy for any gpu-share pod, and the
+# worker manifests, which clamp rather than refuse: a job created before the rule keeps running).
+OPPORTUNISTIC_MAX_GRACE_SECONDS = 30
 MAX_NAME_LENGTH = 45
 # The name becomes the workers' headless Service and the stem of their hostnames: a DNS-1035
 # label (lowercase letters, digits, '-', starting with a letter), as Service names must be.
@@ -74,6 +78,17 @@ class TrainingJobSpec:
     @property
     def total_gpus(self) -> int:
         return self.workers * self.gpus_per_worker
+
+    @property
+    def queued_as(self) -> dict[str, Any]:
+        """The line a place (status.queuedAt) is held in: status.queuedAs records it."""
+        return {"queue": self.queue, "priority": self.priority}
+
+    def moved_since_queued(self, status: Mapping[str, Any]) -> bool:
+        """Moved to another queue or priority since its place was taken; a status from before
+        queuedAs was recorded counts as not moved."""
+        recorded = status.get("queuedAs")
+        return isinstance(recorded, dict) and recorded != self.queued_as
 
     @property
     def priority_class_name(self) -> str | None:

@@ -65,3 +65,7 @@ class Observation:
     has_service: bool
     now: float
     displaced: Displacement | None = None
+    # Other pods bound to the nodes of the job's failed workers, looked up only when a worker
+    # failed: an opportunistic one among them can make a GPU out-of-memory error not the
+    # job's own (pod_failures.py).
+    neighbours: tuple[dict[str, Any], ...] = ()

@@ -2,6 +2,11 @@
 
 Temporary errors (conflicts, timeouts, 5xx) are retried by the caller's next pass;
 permanent ones (422 on a pod we built from the user's template) end the job.
+
+Every write first asks `fence` whether this replica may still write (with leader election,
+whether it still holds the Lease: operator/leader.py). A replica that lost the lead in the
+middle of a reconcile or a pass makes no further write: the call raises LeadershipLost and
+the work under way is abandoned; the new leader redoes it from what it reads.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ class Invalid(Exception):
     """The API server refused an object as invalid (HTTP 422): retrying cannot help."""
 
 
+class LeadershipLost(Exception):
+    """This replica no longer leads: the write was not made and the work under way stops."""
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
@@ -44,6 +53,14 @@ class KubeApi:
         self.instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         # Told every TrainingJob as a status write returned it (the informers assume it).
         self.on_job_written: Callable[[dict[str, Any]], None] | None = None
+        # Whether this replica may write now; asked before every write (the leader Lease's
+        # own calls aside). Without leader election it always may.
+        self.fence: Callable[[], bool] = lambda: True
+
+    def _fenced(self, what: str) -> None:
+        """Raises LeadershipLost instead of letting a replica that lost the lead write."""
+        if not self.fence():
+            raise LeadershipLost(f"{what} not made: this replica no longer holds the leader Lease")
 
     # ----- reads ------------------------------------------------------------------
 
@@ -66,6 +83,13 @@ class KubeApi:
             self.core.list_namespaced_pod(
                 namespace, label_selector=f"{JOB_LABEL}={job}", _preload_content=False
             )
+        )
+
+    def list_node_pods(self, node: str) -> list[dict[str, Any]]:
+        """The live pods bound to a node."""
+        selector = f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        return self._items(
+            self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False)
         )
 
     def has_service(self, namespace: str, name: str) -> bool:
@@ -117,6 +141,7 @@ class KubeApi:
 
     def create_queue(self, body: dict[str, Any]) -> bool:
         """Create a Queue; False when it exists already."""
+        self._fenced(f"create of Queue {(body.get('metadata') or {}).get('name')}")
         try:
             self.custom.create_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, body)
         except ApiException as err:
@@ -126,6 +151,7 @@ class KubeApi:
         return True
 
     def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
+        self._fenced(f"status write of Queue {name}")
         try:
             self.custom.patch_cluster_custom_object_status(
                 GROUP, VERSION, QUEUE_PLURAL, name, {"status": status}
@@ -188,6 +214,7 @@ class KubeApi:
     def patch_job_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch status, conditional on the resourceVersion the decision was made from."""
         meta = job["metadata"]
+        self._fenced(f"status write of {meta['namespace']}/{meta['name']}")
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
         try:
             patched = cast(
@@ -206,6 +233,7 @@ class KubeApi:
 
     def create(self, kind: str, namespace: str, body: dict[str, Any]) -> bool:
         """Create a Pod or Service; False when it already exists (creation is idempotent)."""
+        self._fenced(f"create of {kind} {namespace}/{(body.get('metadata') or {}).get('name')}")
         try:
             if kind == "Pod":
                 _drain(
@@ -229,6 +257,7 @@ class KubeApi:
         return True
 
     def lift_gate(self, namespace: str, pod: str) -> None:
+        self._fenced(f"gate lift of pod {namespace}/{pod}")
         try:
             _drain(
                 self.core.patch_namespaced_pod(
@@ -241,6 +270,7 @@ class KubeApi:
 
     def nudge_pod(self, namespace: str, pod: str, mark: str) -> None:
         """A change to the pod itself, which is what makes kube-scheduler try it again."""
+        self._fenced(f"nudge of pod {namespace}/{pod}")
         body = {"metadata": {"annotations": {POD_GANG_READY: mark}}}
         try:
             _drain(self.core.patch_namespaced_pod(pod, namespace, body, _preload_content=False))
@@ -250,6 +280,7 @@ class KubeApi:
 
     def delete_pod(self, namespace: str, pod: str, force: bool = False) -> None:
         """Delete a pod; `force` removes it at once, for a pod whose kubelet is gone."""
+        self._fenced(f"delete of pod {namespace}/{pod}")
         try:
             grace = 0 if force else None
             _drain(
@@ -274,6 +305,7 @@ class KubeApi:
         return str(refs[0].get("uid", "")) if refs else ""
 
     def delete_job(self, namespace: str, name: str) -> None:
+        self._fenced(f"delete of {namespace}/{name}")
         try:
             self.custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
@@ -286,6 +318,8 @@ class KubeApi:
         self, job: dict[str, Any], kind: str, reason: str, message: str, action: str
     ) -> None:
         meta = job["metadata"]
+        if not self.fence():
+            return  # a courtesy, as ever never the caller's failure; the writes around it raise
         regarding = client.V1ObjectReference(
             api_version=API_VERSION,
             kind=KIND,

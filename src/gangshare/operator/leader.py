@@ -5,12 +5,17 @@ conditional on the resourceVersion it was decided from, pod names are fixed per 
 replicas would still race each other on every pass, post every event twice and fight over
 Queue statuses. So only the holder of the Lease runs scheduling passes and reconciles.
 
-- `decide` is the pure rule: take the Lease when it is absent, free, expired
-  (renewTime + leaseDurationSeconds < now) or already ours; otherwise wait.
+- `decide` is the pure rule: take the Lease when it is absent, free, or unchanged for longer
+  than its leaseDurationSeconds *as this replica observed it*; renew it when it is ours;
+  otherwise wait. As client-go does, a standby never compares the holder's renewTime with its
+  own wall clock (the two clocks may disagree by any amount): it notes on its own monotonic
+  clock when it last saw the record change, and a holder that keeps renewing keeps it waiting
+  whatever its renewTime says. A replica that just started waits a whole duration too.
 - The holder renews every 5 s. A holder that could not renew for 10 s (the renew deadline,
   as client-go's) stops acting at once: `is_leader` turns False by itself, before any
-  standby may take the Lease at 15 s. The margin also absorbs up to 5 s of clock skew
-  between replicas, since expiry is judged on the holder's renewTime.
+  standby may take the Lease (15 s after it saw the last renewal, which is later still).
+- `is_leader` is also the operator's write fence (KubeApi.fence): every mutating call checks
+  it first, so a reconcile already in flight when the lead is lost writes nothing more.
 - Every write is a replace conditional on the resourceVersion read (409: someone else won).
 - On a graceful stop the holder gives the Lease up (holder cleared, 1 s duration), so a
   rolling update hands over at once instead of after 15 s.
@@ -22,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Protocol
@@ -40,7 +45,7 @@ RENEW_DEADLINE_SECONDS = 10.0
 
 class Decision(StrEnum):
     CREATE = "Create"  # no Lease yet
-    TAKE = "Take"  # free or expired: take it over
+    TAKE = "Take"  # free, or unchanged for a whole duration: take it over
     RENEW = "Renew"  # ours
     WAIT = "Wait"  # someone else holds it and renewed in time
 
@@ -48,23 +53,26 @@ class Decision(StrEnum):
 @dataclass(frozen=True)
 class LeaseRecord:
     holder: str | None
-    renew_time: float | None  # seconds since the epoch
+    renew_time: float | None  # seconds since the epoch, on the writer's clock
     duration_seconds: int = LEASE_DURATION_SECONDS
     transitions: int = 0
     acquire_time: float | None = None
     resource_version: str | None = None
 
-    def expires_at(self) -> float | None:
-        return None if self.renew_time is None else self.renew_time + self.duration_seconds
+    def content(self) -> LeaseRecord:
+        """What a change of the record is judged on: every field its holder writes, not the
+        resourceVersion (any write to the object moves that, a label too)."""
+        return replace(self, resource_version=None)
 
 
-def decide(record: LeaseRecord | None, identity: str, now: float) -> Decision:
+def decide(record: LeaseRecord | None, identity: str, unchanged_for: float) -> Decision:
+    """unchanged_for: seconds, on this replica's monotonic clock, since it last saw the
+    record change (0 when it sees this record for the first time)."""
     if record is None:
         return Decision.CREATE
     if record.holder == identity:
         return Decision.RENEW
-    expires = record.expires_at()
-    if not record.holder or expires is None or expires < now:
+    if not record.holder or unchanged_for > record.duration_seconds:
         return Decision.TAKE
     return Decision.WAIT
 
@@ -170,6 +178,9 @@ class LeaderElector:
         self._renewed_at = 0.0
         self._last_ok = False
         self._waiting_on: str | None = None
+        # The Lease record as last seen, and when (monotonic) it was first seen as it is.
+        self._observed: LeaseRecord | None = None
+        self._observed_at = 0.0
         self._stop = threading.Event()
 
     def is_leader(self) -> bool:
@@ -192,16 +203,20 @@ class LeaderElector:
         try:
             lease = self.api.get_lease(self.namespace, self.name)
             record = None if lease is None else record_of(lease)
-            decision = decide(record, self.identity, now)
+            unchanged_for = 0.0 if record is None else self._observe(record)
+            decision = decide(record, self.identity, unchanged_for)
             if decision is Decision.WAIT:
                 assert record is not None
-                self._standby(record, now)
+                self._standby(record, unchanged_for)
                 return False
-            body = lease_of(next_record(record, self.identity, now), self.namespace, self.name)
+            written = next_record(record, self.identity, now)
+            body = lease_of(written, self.namespace, self.name)
             if decision is Decision.CREATE:
                 self._last_ok = self.api.create_lease(self.namespace, body)
             else:
                 self._last_ok = self.api.replace_lease(self.namespace, self.name, body)
+            if self._last_ok:
+                self._observed, self._observed_at = written.content(), attempted
         except Exception as err:  # an unreachable API server: retried until the deadline
             log.warning("leader election: Lease %s not renewed: %s", self._where(), err)
         if self._last_ok:
@@ -213,6 +228,15 @@ class LeaderElector:
         elif self._leading and self.monotonic() - self._renewed_at >= RENEW_DEADLINE_SECONDS:
             self._lose(f"the Lease was not renewed for {RENEW_DEADLINE_SECONDS:.0f}s")
         return self.is_leader()
+
+    def _observe(self, record: LeaseRecord) -> float:
+        """Seconds the record has stood unchanged as this replica saw it. A change is timed
+        when it is seen (after the read returned): late rather than early, so a standby may
+        wait a little long but never takes over a holder that is still renewing."""
+        seen = record.content()
+        if seen != self._observed:
+            self._observed, self._observed_at = seen, self.monotonic()
+        return self.monotonic() - self._observed_at
 
     def run(self) -> None:
         while not self._stop.is_set() and not self._lost:
@@ -239,15 +263,16 @@ class LeaderElector:
         except Exception as err:  # it expires by itself within its duration
             log.warning("leader election: Lease %s not released: %s", self._where(), err)
 
-    def _standby(self, record: LeaseRecord, now: float) -> None:
+    def _standby(self, record: LeaseRecord, unchanged_for: float) -> None:
         if self._leading:
             self._lose(f"the Lease is held by {record.holder}")
             return
         if record.holder != self._waiting_on:
             self._waiting_on = record.holder
-            left = (record.expires_at() or now) - now
+            left = record.duration_seconds - unchanged_for
             log.info(
-                "leader election: standby; Lease %s held by %s (expires in %.0fs unless renewed)",
+                "leader election: standby; Lease %s held by %s (taken over in %.0fs unless "
+                "renewed)",
                 self._where(),
                 record.holder,
                 left,

@@ -88,6 +88,8 @@ def detect_actions(
         _advance_gang(gang, actions, scheduler_name)
     elif phase == "Restarting":
         _finish_restart(spec, status, stale, seen.now, generation, actions)
+    elif phase == "Queued" and spec.moved_since_queued(status):
+        _back_of_the_line(spec, status, seen.now, generation, actions)
     elif phase in TERMINAL:
         _after_finish(spec, status, current, seen.now, actions)
     if (
@@ -123,6 +125,7 @@ def _enqueue(
     patch: dict[str, Any] = {
         "phase": "Queued",
         "queuedAt": iso(now),
+        "queuedAs": spec.queued_as,
         "message": message,
         "observedGeneration": gen,
         "conditions": set_condition(
@@ -140,6 +143,25 @@ def _enqueue(
             "Normal", "Requeued", f"attempt {status.get('attempt', 0)} queued again: {message}"
         )
     return Actions(status=patch, events=[event])
+
+
+def _back_of_the_line(
+    spec: TrainingJobSpec, status: dict[str, Any], now: float, gen: int, actions: Actions
+) -> None:
+    """A place in line is held in one queue at one priority: a job moved while it waits (the
+    CRD allows that only while Queued) is queued again from the back of its new line."""
+    was = status.get("queuedAs") or {}
+    actions.status.update(
+        {"queuedAt": iso(now), "queuedAs": spec.queued_as, "observedGeneration": gen}
+    )
+    actions.events.append(
+        Event(
+            "Normal",
+            "Moved",
+            f"moved from queue {was.get('queue')} (priority {was.get('priority')}) to queue "
+            f"{spec.queue} (priority {spec.priority}): queued again from the back",
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -163,7 +185,12 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     if requeue_off_island(status, current, seen, gen, actions, gang.retry.backoff_base_seconds):
         return
     failure = detect_failure(
-        spec.workers, current, created, seen.now, gang.limits.image_pull_grace_seconds
+        spec.workers,
+        current,
+        created,
+        seen.now,
+        gang.limits.image_pull_grace_seconds,
+        seen.neighbours,
     )
     if failure is not None:
         handle_failure(status, current, failure, seen.now, gen, actions, gang.retry)

@@ -202,6 +202,9 @@ def run_operator(args: argparse.Namespace) -> int:
             api, args.lease_namespace, args.lease_name, api.instance, on_lost=exit_on_lost
         )
         leading = elector.is_leader
+        # The write fence: a reconcile or pass in flight when the lead is lost writes nothing
+        # more (a standby may take over 5 s after the lead is lost here, not before).
+        api.fence = elector.is_leader
         log.info(
             "leader election on Lease %s/%s as %s",
             args.lease_namespace,
@@ -215,6 +218,9 @@ def run_operator(args: argparse.Namespace) -> int:
     informers, watching = Informers(), threading.Event()
     informers.start(connect(args.kubeconfig), watching)
     api.on_job_written = informers.jobs.assume
+    reconciler.pods_on_node = lambda node: [
+        p for p in informers.list_live_pods() if (p.get("spec") or {}).get("nodeName") == node
+    ]
     loop = SchedulerLoop(
         api,
         reconciler,

@@ -25,7 +25,13 @@ from gangshare.core.annotations import (
     encode_gpu_indices,
 )
 from gangshare.core.job import ServiceClass
-from gangshare.kube.trainingjob import API_VERSION, KIND, TrainingJobSpec, worker_pod_name
+from gangshare.kube.trainingjob import (
+    API_VERSION,
+    KIND,
+    OPPORTUNISTIC_MAX_GRACE_SECONDS,
+    TrainingJobSpec,
+    worker_pod_name,
+)
 
 GANG_GATE = "gangshare.io/gang"
 SCHEDULER_NAME = "gangshare-scheduler"
@@ -106,6 +112,11 @@ def worker_pod(
     spec["restartPolicy"] = "Never"
     spec["affinity"] = pin_to_node(spec.get("affinity"), node)
     resource = GPU_RESOURCE if job.service_class is ServiceClass.GUARANTEED else SHARE_RESOURCE
+    if resource == SHARE_RESOURCE:
+        # A worker removed for GPU memory gives it back within a bound (every gpu-share pod's).
+        grace = spec.get("terminationGracePeriodSeconds")
+        bound = OPPORTUNISTIC_MAX_GRACE_SECONDS
+        spec["terminationGracePeriodSeconds"] = bound if grace is None else min(grace, bound)
     env = rendezvous_env(job, rank)
     if isinstance(resume_step, int) and resume_step > 0:
         # Where the SDK's step count starts (gangshare.sdk.resume_step()).
@@ -119,6 +130,9 @@ def worker_pod(
                 amounts.pop(SHARE_RESOURCE, None)
                 amounts[resource] = str(job.gpus_per_worker)
                 resources[kind] = amounts
+        # Unless the template says otherwise, a failed container's log tail becomes its
+        # termination message: a GPU out-of-memory error is told from it (core/failures.py).
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
         own = [e for e in container.get("env") or [] if e.get("name") not in env]
         container["env"] = own + [{"name": k, "value": v} for k, v in env.items()]
     return {

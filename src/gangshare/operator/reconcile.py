@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 from gangshare.core.clock import Clock
 from gangshare.operator.actions import Actions, Displacement, Observation
 from gangshare.operator.conditions import iso, set_condition
-from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
+from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi, LeadershipLost
 from gangshare.operator.lifecycle import Limits, detect_actions
 from gangshare.operator.metrics import OperatorMetrics
+from gangshare.operator.pod_failures import nodes_to_look_beside
 
 T = TypeVar("T")
 log = logging.getLogger("gangshare.operator")
@@ -66,6 +67,12 @@ class Refused(Exception):
         self.message = message
 
 
+def abandoned(key: str, lost: LeadershipLost) -> None:
+    """A reconcile cut short by the loss of the lead: neither an error (no traceback) nor a
+    reason to look again (no wake-up): this replica acts on nothing more."""
+    log.warning("reconcile of %s abandoned: %s", key, lost)
+
+
 class Reconciler:
     def __init__(
         self,
@@ -88,6 +95,10 @@ class Reconciler:
         # Jobs with a watch event's reconcile waiting to start (reconcile_soon, _later).
         self._waiting: set[str] = set()
         self._events = ThreadPoolExecutor(EVENT_WORKERS, thread_name_prefix="reconcile-event")
+        # The live pods bound to a node (the operator's pod store, when it watches pods).
+        self.pods_on_node: Callable[[str], list[dict[str, Any]]] = lambda node: (
+            self.api.list_node_pods(node)
+        )
 
     def due(self, now: float) -> list[str]:
         """Jobs whose requested wake-up time has come."""
@@ -109,8 +120,12 @@ class Reconciler:
     ) -> float | None:
         """Bring one job a step closer to done; returns seconds until it wants another look."""
         key = f"{namespace}/{name}"
-        with self._locks[key]:
-            requeue = self._reconcile(namespace, name, displaced)
+        try:
+            with self._locks[key]:
+                requeue = self._reconcile(namespace, name, displaced)
+        except LeadershipLost as lost:
+            abandoned(key, lost)
+            return None
         return self._reconciled(key, requeue)
 
     def reconcile_soon(self, namespace: str, name: str) -> None:
@@ -151,6 +166,9 @@ class Reconciler:
                 with self._wake_lock:
                     self._waiting.discard(key)
                 requeue = self._reconcile(namespace, name, None)
+        except LeadershipLost as lost:
+            abandoned(key, lost)
+            return
         finally:
             with self._wake_lock:
                 self._waiting.discard(key)
@@ -171,12 +189,14 @@ class Reconciler:
             job = self.api.get_job(namespace, name)
             if job is None or job["metadata"].get("deletionTimestamp"):
                 return None
+            pods = self.api.list_job_pods(namespace, name)
             seen = Observation(
                 job,
-                self.api.list_job_pods(namespace, name),
+                pods,
                 self.api.has_service(namespace, name),
                 self.clock.now(),
                 displaced,
+                tuple(p for n in nodes_to_look_beside(job, pods) for p in self.pods_on_node(n)),
             )
             actions = detect_actions(
                 seen,

@@ -29,7 +29,7 @@ from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.informers import Informers
-from gangshare.operator.kubeapi import Conflict, KubeApi
+from gangshare.operator.kubeapi import Conflict, KubeApi, LeadershipLost
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.pending import PendingReasons, clear_inadmissible
@@ -112,6 +112,8 @@ class SchedulerLoop:
             if self.leading():
                 try:
                     self.run_once()
+                except LeadershipLost as lost:  # not an error: this replica acts no more
+                    log.warning("scheduling pass abandoned: %s", lost)
                 except Exception:  # one bad pass must not stop scheduling; the next starts fresh
                     log.exception("scheduling pass failed; retrying")
             # A standby's loop beats too: liveness is about a stuck loop, not about leading.
@@ -218,6 +220,8 @@ class SchedulerLoop:
             if patch:
                 try:
                     self.api.patch_queue_status(name, patch)
+                except LeadershipLost:
+                    raise
                 except Exception:  # a status is a report: the next pass writes it again
                     log.exception("status of queue %s not written; will retry", name)
 

@@ -82,6 +82,8 @@ class WaitingJobs:
                 continue
             spec = memo.spec
             submitted = parse_time(status.get("queuedAt")) or now
+            if spec.moved_since_queued(status):
+                submitted = now  # its old place is void; the reconciler restamps queuedAt
             estimate = self.estimator.predict(
                 spec.queue,
                 spec.total_gpus,

@@ -34,11 +34,24 @@ class FakeSpec:
         return self
 
     def process(
-        self, gpu: int, pid: int, memory_mib: int, at: float = 0, until: float = 1e9
+        self,
+        gpu: int,
+        pid: int,
+        memory_mib: int,
+        at: float = 0,
+        until: float = 1e9,
+        sm: float | None = None,
     ) -> FakeSpec:
-        self.fake.setdefault("processes", []).append(
-            {"gpu": gpu, "pid": pid, "memoryMiB": memory_mib, "at": at, "until": until}
-        )
+        entry: dict[str, Any] = {
+            "gpu": gpu,
+            "pid": pid,
+            "memoryMiB": memory_mib,
+            "at": at,
+            "until": until,
+        }
+        if sm is not None:
+            entry["sm"] = sm
+        self.fake.setdefault("processes", []).append(entry)
         return self
 
     def failure(

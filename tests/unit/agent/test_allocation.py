@@ -97,7 +97,8 @@ def test_on_an_mps_node_share_slots_get_the_slots_threads_and_memory() -> None:
     assert share.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/nvidia-mps"
     assert share.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert share.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
-    assert ("/var/run/nvidia-mps", "/tmp/nvidia-mps", False) in share.mounts
+    # Read-only: clients connect, no tenant replaces or removes the shared pipes.
+    assert ("/var/run/nvidia-mps", "/tmp/nvidia-mps", True) in share.mounts
     whole = allocate_container(GPU, devices, ["GPU-a"], None, "/tmp/nvidia-mps")
     assert whole.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/nvidia-mps"
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in whole.envs

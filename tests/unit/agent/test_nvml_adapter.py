@@ -21,6 +21,14 @@ class NVMLError_GpuIsLost(NVMLError):
     pass
 
 
+class NVMLError_NotFound(NVMLError):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):
+    pass
+
+
 class NVMLError_Timeout(NVMLError):
     pass
 
@@ -30,6 +38,8 @@ class FakePynvml:
 
     NVMLError = NVMLError
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_NotFound = NVMLError_NotFound
+    NVMLError_NotSupported = NVMLError_NotSupported
     NVML_P2P_CAPS_INDEX_NVLINK = 3
     NVML_P2P_STATUS_OK = 0
     nvmlEventTypeXidCriticalError = 8
@@ -39,6 +49,9 @@ class FakePynvml:
         self.lost: set[int] = set()
         self.events: list[tuple[int, int]] = []
         self.shut = False
+        # GPU 1's driver samples per process (pid, microsecond timestamp, SM %); GPU 0 none.
+        self.process_samples = [(1001, 10, 80), (1001, 20, 100)]
+        self.asked_since: list[int] = []
 
     def nvmlInit(self) -> None:
         if self.fail_init:
@@ -77,6 +90,17 @@ class FakePynvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         return [SimpleNamespace(pid=1000 + h, usedGpuMemory=512 * MIB)] if h == 1 else []
 
+    def nvmlDeviceGetProcessUtilization(self, h: int, since: int) -> list[Any]:
+        if h == 0:
+            raise NVMLError_NotSupported()
+        if h != 1:
+            raise NVMLError_NotFound()
+        self.asked_since.append(since)
+        fresh = [s for s in self.process_samples if s[1] > since]
+        if not fresh:
+            raise NVMLError_NotFound()
+        return [SimpleNamespace(pid=p, timeStamp=t, smUtil=sm, memUtil=0) for p, t, sm in fresh]
+
     def nvmlEventSetCreate(self) -> str:
         return "events"
 
@@ -103,7 +127,7 @@ def test_inventory_links_and_live_state_are_read_from_nvml() -> None:
     assert inventory.gpus[2].device_paths == ("/dev/nvidia2",)
     assert inventory.islands() == ((0, 1), (2, 3))
     assert backend.samples()[2] == GpuSample(2, 0.5, 3000)
-    assert backend.processes() == [GpuProcess(1, 1001, 512)]
+    assert backend.processes() == [GpuProcess(1, 1001, 512, 0.9)]
     backend.close()
     assert nvml.shut
 
@@ -123,3 +147,26 @@ def test_critical_xids_and_lost_gpus_are_health_events_application_xids_are_not(
 def test_nvml_that_will_not_start_is_a_clear_error() -> None:
     with pytest.raises(BackendError, match="NVML: cannot initialise"):
         NvmlBackend(FakePynvml(fail_init=True))
+
+
+def test_per_process_sm_is_read_from_the_drivers_samples_since_the_last_read() -> None:
+    """What an opportunistic pod is judged by: the driver's samples, not its SDK's word."""
+    nvml = FakePynvml()
+    backend = NvmlBackend(nvml)
+    assert [p.sm for p in backend.processes()] == [0.9]
+    # Nothing ran since: a process that ran no kernel is idle, not unknown.
+    assert [p.sm for p in backend.processes()] == [0.0]
+    assert nvml.asked_since == [0, 20]
+    nvml.process_samples.append((1001, 30, 40))
+    assert [p.sm for p in backend.processes()] == [0.4]
+
+
+def test_a_gpu_without_per_process_samples_gives_unknown_not_idle() -> None:
+    nvml = FakePynvml()
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: (  # type: ignore[method-assign]
+        [SimpleNamespace(pid=1000 + h, usedGpuMemory=512 * MIB)] if h < 2 else []
+    )
+    backend = NvmlBackend(nvml)
+    first = backend.processes()
+    assert [(p.index, p.sm) for p in first] == [(0, None), (1, 0.9)]
+    assert [(p.index, p.sm) for p in backend.processes()] == [(0, None), (1, 0.0)]

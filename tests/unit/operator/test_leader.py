@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
+from lease_fakes import NOW, Clock, FakeLeases, elector
 
 from gangshare.operator.leader import (
     LEASE_DURATION_SECONDS,
     RENEW_DEADLINE_SECONDS,
+    RENEW_INTERVAL_SECONDS,
+    RETRY_INTERVAL_SECONDS,
     Decision,
-    LeaderElector,
     LeaseRecord,
     decide,
     lease_of,
@@ -17,36 +19,36 @@ from gangshare.operator.leader import (
     record_of,
 )
 
-NOW = 1_800_000_000.0
 ME, OTHER = "op-a-123456", "op-b-654321"
+HOUR = 3600.0
 
 
 # ----- the pure rule ----------------------------------------------------------------------------
 
 
 def test_a_missing_lease_is_created():
-    assert decide(None, ME, NOW) is Decision.CREATE
+    assert decide(None, ME, 0.0) is Decision.CREATE
 
 
-def test_our_own_lease_is_renewed_even_when_expired():
-    assert decide(LeaseRecord(ME, NOW - 1), ME, NOW) is Decision.RENEW
-    assert decide(LeaseRecord(ME, NOW - 100), ME, NOW) is Decision.RENEW
+def test_our_own_lease_is_renewed_however_long_unchanged():
+    assert decide(LeaseRecord(ME, NOW - 1), ME, 1.0) is Decision.RENEW
+    assert decide(LeaseRecord(ME, NOW - 100), ME, 100.0) is Decision.RENEW
 
 
-def test_a_fresh_lease_of_someone_else_is_waited_on():
-    assert decide(LeaseRecord(OTHER, NOW), ME, NOW) is Decision.WAIT
-    # Exactly at its expiry it is still theirs: expired means renewTime + duration < now.
-    assert decide(LeaseRecord(OTHER, NOW - LEASE_DURATION_SECONDS), ME, NOW) is Decision.WAIT
+def test_a_lease_of_someone_else_is_waited_on_until_unchanged_for_its_duration():
+    assert decide(LeaseRecord(OTHER, NOW), ME, 0.0) is Decision.WAIT
+    # Exactly a duration unchanged it is still theirs: taken only once strictly past it.
+    assert decide(LeaseRecord(OTHER, NOW), ME, LEASE_DURATION_SECONDS) is Decision.WAIT
+    assert decide(LeaseRecord(OTHER, NOW), ME, LEASE_DURATION_SECONDS + 0.001) is Decision.TAKE
+    # The holder's renewTime does not enter: long past or far ahead, only our observation counts.
+    assert decide(LeaseRecord(OTHER, NOW - HOUR), ME, 1.0) is Decision.WAIT
+    assert decide(LeaseRecord(OTHER, None), ME, 1.0) is Decision.WAIT
+    assert decide(LeaseRecord(OTHER, NOW + HOUR), ME, 16.0) is Decision.TAKE
 
 
-def test_an_expired_or_free_lease_is_taken():
-    expired = LeaseRecord(OTHER, NOW - LEASE_DURATION_SECONDS - 0.001)
-    assert decide(expired, ME, NOW) is Decision.TAKE
-    # A released Lease (holder cleared) and one never renewed are free.
-    assert decide(LeaseRecord(None, NOW), ME, NOW) is Decision.TAKE
-    assert decide(LeaseRecord(OTHER, None), ME, NOW) is Decision.TAKE
-    # The holder's own duration counts, not ours.
-    assert decide(LeaseRecord(OTHER, NOW - 2, duration_seconds=1), ME, NOW) is Decision.TAKE
+def test_a_free_lease_is_taken_at_once_and_the_holders_duration_counts():
+    assert decide(LeaseRecord(None, NOW), ME, 0.0) is Decision.TAKE  # released
+    assert decide(LeaseRecord(OTHER, NOW, duration_seconds=1), ME, 1.5) is Decision.TAKE
 
 
 def test_the_written_record_counts_transitions_and_keeps_the_acquire_time():
@@ -60,7 +62,7 @@ def test_the_written_record_counts_transitions_and_keeps_the_acquire_time():
     assert (taken.holder, taken.acquire_time, taken.transitions) == (ME, NOW, 4)
     released = next_record(renewed, ME, NOW + 6, release=True)
     assert (released.holder, released.duration_seconds) == (None, 1)
-    assert decide(released, OTHER, NOW + 6) is Decision.TAKE
+    assert decide(released, OTHER, 0.0) is Decision.TAKE
 
 
 def test_a_record_survives_the_round_trip_through_the_lease_object():
@@ -78,59 +80,6 @@ def test_a_record_survives_the_round_trip_through_the_lease_object():
 # ----- the elector -----------------------------------------------------------------------------
 
 
-class FakeLeases:
-    """One Lease with resourceVersion semantics, as the API server keeps it."""
-
-    def __init__(self) -> None:
-        self.lease: client.V1Lease | None = None
-        self.version = 0
-        self.fail = False
-
-    def get_lease(self, namespace: str, name: str) -> client.V1Lease | None:
-        if self.fail:
-            raise ConnectionError("API server unreachable")
-        return self.lease
-
-    def create_lease(self, namespace: str, lease: client.V1Lease) -> bool:
-        if self.lease is not None:
-            return False
-        self._store(lease)
-        return True
-
-    def replace_lease(self, namespace: str, name: str, lease: client.V1Lease) -> bool:
-        if self.fail:
-            raise ConnectionError("API server unreachable")
-        if self.lease is None or lease.metadata.resource_version != str(self.version):
-            return False  # 409
-        self._store(lease)
-        return True
-
-    def _store(self, lease: client.V1Lease) -> None:
-        self.version += 1
-        lease.metadata.resource_version = str(self.version)
-        self.lease = lease
-
-    def holder(self) -> str | None:
-        return None if self.lease is None else record_of(self.lease).holder
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def wall(self) -> float:
-        return NOW + self.t
-
-    def mono(self) -> float:
-        return self.t
-
-
-def elector(leases: FakeLeases, clock: Clock, identity: str, lost: list[str]) -> LeaderElector:
-    return LeaderElector(
-        leases, "gs", "gangshare-operator", identity, lost.append, clock.wall, clock.mono
-    )
-
-
 def test_one_of_two_replicas_leads_and_the_other_takes_over_once_the_lease_expires():
     leases, clock, lost = FakeLeases(), Clock(), []
     a, b = elector(leases, clock, ME, lost), elector(leases, clock, OTHER, lost)
@@ -141,7 +90,8 @@ def test_one_of_two_replicas_leads_and_the_other_takes_over_once_the_lease_expir
     assert leases.holder() == ME and elected == [ME]
     clock.t = 5
     assert a.try_once() and not b.try_once()  # renewed: b keeps waiting
-    # a dies (no more renewals): b takes over only once renewTime + 15 s has passed.
+    # a dies (no more renewals): b takes over only once 15 s have passed, on its own clock,
+    # since it saw the last renewal.
     clock.t = 5 + LEASE_DURATION_SECONDS
     assert not b.try_once()
     clock.t += 0.5
@@ -186,6 +136,7 @@ def test_a_lost_race_is_not_leadership():
     a = elector(leases, clock, ME, lost)
     stale = lease_of(LeaseRecord(OTHER, NOW - 100, 15, 0, NOW - 100), "gs", "gangshare-operator")
     leases._store(stale)
+    assert not a.try_once()  # first seen now: a whole duration of our own to wait
     real_replace = leases.replace_lease
 
     def someone_was_faster(namespace: str, name: str, lease: client.V1Lease) -> bool:
@@ -193,6 +144,7 @@ def test_a_lost_race_is_not_leadership():
         return real_replace(namespace, name, lease)
 
     leases.replace_lease = someone_was_faster  # type: ignore[method-assign]
+    clock.t = LEASE_DURATION_SECONDS + 0.5
     assert not a.try_once() and not a.is_leader() and lost == []
 
 
@@ -235,3 +187,67 @@ def test_the_renew_deadline_counts_from_the_renew_time_written_not_from_a_slow_a
     assert a.is_leader()
     clock.t = RENEW_DEADLINE_SECONDS
     assert not a.is_leader()
+
+
+# ----- the standby's own clock: no wall clock of another replica enters ---------------------------
+
+
+def take_over_time(
+    holder_skew: float, holder_renews_until: float, until: float = 60.0
+) -> float | None:
+    """Two replicas, each trying as its loop would (the holder renews every 5 s until it dies,
+    the standby tries every 2 s); when the standby first leads, on the shared monotonic time."""
+    leases, clock, lost = FakeLeases(), Clock(), []
+    holder = elector(leases, clock, ME, lost, skew=holder_skew)
+    standby = elector(leases, clock, OTHER, lost)
+    assert holder.try_once()
+    renewed, tried = 0.0, -RETRY_INTERVAL_SECONDS
+    while clock.t < until:
+        clock.t = round(clock.t + 0.25, 2)
+        if clock.t <= holder_renews_until and clock.t - renewed >= RENEW_INTERVAL_SECONDS:
+            renewed = clock.t
+            assert holder.try_once()
+        if clock.t - tried >= RETRY_INTERVAL_SECONDS:
+            tried = clock.t
+            if standby.try_once():
+                return clock.t
+    return None
+
+
+@pytest.mark.parametrize("skew", [-HOUR, -12.0, 12.0, HOUR])
+def test_a_standby_never_takes_over_a_holder_that_keeps_renewing_whatever_its_clock_says(skew):
+    # A holder whose clock is behind writes renewTimes that look long expired (the old rule
+    # took over at once from a live leader); one ahead writes renewTimes far in the future.
+    assert take_over_time(skew, holder_renews_until=60.0) is None
+
+
+@pytest.mark.parametrize("skew", [-HOUR, -12.0, 0.0, 12.0, HOUR])
+def test_a_standby_takes_over_a_dead_holder_one_duration_after_it_saw_the_last_renewal(skew):
+    # The holder's last renewal is at 20 s: the standby sees it at 20 s (its tries are every
+    # 2 s) and takes over at its first try past 35 s, whatever renewTime the holder wrote.
+    taken = take_over_time(skew, holder_renews_until=20.0)
+    assert taken is not None
+    assert 20.0 + LEASE_DURATION_SECONDS < taken <= 20.0 + LEASE_DURATION_SECONDS + 2.0
+
+
+def test_a_standby_started_beside_a_stale_lease_waits_a_whole_duration_of_its_own():
+    # The holder may be alive with a clock far behind: nothing says otherwise before a whole
+    # duration has passed here without a change.
+    leases, clock, lost = FakeLeases(), Clock(), []
+    stale = lease_of(LeaseRecord(OTHER, NOW - HOUR, 15, 3, NOW - HOUR), "gs", "gangshare-operator")
+    leases._store(stale)
+    standby = elector(leases, clock, ME, lost)
+    for t in (0.0, 5.0, 10.0, LEASE_DURATION_SECONDS):
+        clock.t = t
+        assert not standby.try_once(), t
+    # A change of the record (any write of its holder's, a renewal) restarts the wait.
+    leases._store(
+        lease_of(LeaseRecord(OTHER, NOW - HOUR + 1, 15, 3, NOW - HOUR), "gs", "gangshare-operator")
+    )
+    clock.t = LEASE_DURATION_SECONDS + 1
+    assert not standby.try_once()
+    clock.t = 2 * LEASE_DURATION_SECONDS + 1
+    assert not standby.try_once()
+    clock.t += 0.5
+    assert standby.try_once()
+    assert record_of(leases.lease).transitions == 4

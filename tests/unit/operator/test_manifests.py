@@ -119,3 +119,25 @@ def test_the_planned_node_is_anded_into_every_affinity_term_of_the_template():
     assert template["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"][0] == {"matchExpressions": [zone]}  # not mutated
+
+
+def test_an_opportunistic_workers_grace_is_clamped_not_refused():
+    """A job from before the CRD's rule keeps running; its workers still give their GPU memory
+    back within the bound every gpu-share pod has."""
+    body = make_job("old").spec(serviceClass="Opportunistic").build()
+    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 31_536_000
+    pod = worker_pod(parse_trainingjob(body), 0, "a100-0", [3], attempt=0)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 30
+    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
+    assert (
+        worker_pod(parse_trainingjob(body), 0, "n", [0], 0)["spec"]["terminationGracePeriodSeconds"]
+        == 5
+    )
+    guaranteed = make_job("g").build()
+    guaranteed["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 600
+    assert (
+        worker_pod(parse_trainingjob(guaranteed), 0, "n", [0], 0)["spec"][
+            "terminationGracePeriodSeconds"
+        ]
+        == 600
+    )
