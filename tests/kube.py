@@ -81,6 +81,22 @@ def gpu_pod(
     )
 
 
+def grant_edit(kube: Kube, namespace: str, user: str = "tenant") -> None:
+    """Give `user` the built-in `edit` role in `namespace`: a tenant as clusters make them."""
+    client.RbacAuthorizationV1Api(kube.api_client).create_namespaced_role_binding(
+        namespace,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name=f"{user}-edit"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"
+            ),
+            subjects=[
+                client.RbacV1Subject(kind="User", name=user, api_group="rbac.authorization.k8s.io")
+            ],
+        ),
+    )
+
+
 def start_session_cluster(root: Path) -> tuple[LocalCluster, Kube]:
     bins = binaries.bin_dir(build=True)
     cluster = LocalCluster(root, bins, attached=True)

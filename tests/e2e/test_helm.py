@@ -42,7 +42,7 @@ from gangshare.operator.main import (
     parse_priority_limits,
     parse_quotas,
 )
-from kube import Kube, NodePool, eventually
+from kube import Kube, NodePool, eventually, grant_edit
 
 pytestmark = pytest.mark.e2e
 
@@ -1131,21 +1131,7 @@ def test_service_accounts_may_do_exactly_what_the_code_does(kube: Kube, release:
 def test_the_release_keeps_gangshare_keys_on_pods_its_own(
     kube: Kube, release: Release, namespace: str
 ):
-    rbac = client.RbacAuthorizationV1Api(kube.api_client)
-    rbac.create_namespaced_role_binding(
-        namespace,
-        client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name="tenant-edit"),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"
-            ),
-            subjects=[
-                client.RbacV1Subject(
-                    kind="User", name="tenant", api_group="rbac.authorization.k8s.io"
-                )
-            ],
-        ),
-    )
+    grant_edit(kube, namespace)
     forged = {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -17,7 +17,7 @@ from chart import apply, delete, render
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kube import Kube, eventually, gpu_pod, new_namespace
+from kube import Kube, eventually, gpu_pod, grant_edit, new_namespace
 
 pytestmark = pytest.mark.integration
 SHARE = "gangshare.io/gpu-share"
@@ -44,20 +44,7 @@ def policies(kube: Kube) -> Iterator[str]:
 @pytest.fixture
 def tenant(kube: Kube, namespace: str) -> client.CoreV1Api:
     """The user `tenant`, who may edit everything in the test's namespace (ClusterRole edit)."""
-    client.RbacAuthorizationV1Api(kube.api_client).create_namespaced_role_binding(
-        namespace,
-        client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name="tenant-edit"),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"
-            ),
-            subjects=[
-                client.RbacV1Subject(
-                    kind="User", name="tenant", api_group="rbac.authorization.k8s.io"
-                )
-            ],
-        ),
-    )
+    grant_edit(kube, namespace)
     impersonating = client.ApiClient(
         kube.api_client.configuration, header_name="Impersonate-User", header_value="tenant"
     )

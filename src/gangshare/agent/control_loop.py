@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from typing import Any
 from gangshare.agent.backend import GpuBackend
 from gangshare.agent.cgroups import PidPods, pids_by_pod, pod_uid_of
 from gangshare.agent.coordinator import (
+    DEFAULT_GRACE_SECONDS,
     Coordinator,
     Outcome,
     PodInfo,
@@ -34,7 +34,7 @@ from gangshare.agent.metrics import AgentMetrics
 from gangshare.agent.nodeapi import NodeApi
 from gangshare.agent.podresources import PodDevices
 from gangshare.agent.sdkserver import SdkServer
-from gangshare.agent.throttle import Throttler
+from gangshare.agent.throttle import Throttler, signal_processes
 from gangshare.core.annotations import JOB_LABEL, POD_EVICTED, POD_GPU_CAPS
 
 log = logging.getLogger("gangshare.agent")
@@ -42,19 +42,11 @@ PID_CACHE_LIMIT = 4096
 RELIST_SECONDS = 60.0
 # Past a removed pod's grace, how long the kubelet gets to kill it before the agent does.
 KILL_SLACK_SECONDS = 5.0
-DEFAULT_GRACE_SECONDS = 30
 
 
 def kill_pod_processes(uid: str) -> int:
     """SIGKILL every process of the pod on this host (by cgroup); how many were signalled."""
-    killed = 0
-    for pid in pids_by_pod().get(uid, []):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except ProcessLookupError:
-            continue
-    return killed
+    return signal_processes(pids_by_pod().get(uid, []), signal.SIGKILL)
 
 
 class ControlLoop:
@@ -98,8 +90,10 @@ class ControlLoop:
             self._listed_at = now
         self.pods = {k: v for k, v in self.pods.items() if k in kubelet}
         processes = self.backend.processes()
-        memory = memory_by_pod(processes, self.pod_of_pid)
-        busy = busy_by_pod(processes, self.pod_of_pid)
+        # One look per process (a /proc read or two), shared by both tallies.
+        owners = {p.pid: self.pod_of_pid(p.pid) for p in processes}
+        memory = memory_by_pod(processes, owners.get)
+        busy = busy_by_pod(processes, owners.get)
         outcome = self.coordinator.decide(kubelet, self.pods, memory, busy)
         names = {p.uid: (p.namespace, p.name) for p in self.pods.values()}
         self._write_caps(outcome, names)

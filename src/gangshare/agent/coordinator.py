@@ -47,13 +47,17 @@ log = logging.getLogger("gangshare.agent")
 BUSY_WINDOW_SECONDS = 30.0
 
 
+# A pod's termination grace when its spec names none (Kubernetes' default).
+DEFAULT_GRACE_SECONDS = 30
+
+
 @dataclass(frozen=True)
 class PodInfo:
     uid: str
     namespace: str
     name: str
     gang: str
-    grace_seconds: int = 30  # spec.terminationGracePeriodSeconds
+    grace_seconds: int = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds
 
 
 @dataclass

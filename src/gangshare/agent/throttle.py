@@ -119,11 +119,19 @@ class Throttler:
                 self._record(frozenset())
 
     def _signal(self, pids: list[int], sig: int) -> None:
-        for pid in pids:
-            try:
-                self.kill(pid, sig)
-            except ProcessLookupError:
-                continue
+        signal_processes(pids, sig, self.kill)
+
+
+def signal_processes(pids: list[int], sig: int, kill: Callable[[int, int], None] = os.kill) -> int:
+    """Send `sig` to each process; how many got it (a process gone meanwhile is skipped)."""
+    sent = 0
+    for pid in pids:
+        try:
+            kill(pid, sig)
+            sent += 1
+        except ProcessLookupError:
+            continue
+    return sent
 
 
 def write_state(path: Path, uids: frozenset[str]) -> None:

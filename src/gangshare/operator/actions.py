@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,3 +70,11 @@ class Observation:
     # failed: an opportunistic one among them can make a GPU out-of-memory error not the
     # job's own (pod_failures.py).
     neighbours: tuple[dict[str, Any], ...] = ()
+
+    def displaced_now(self, status: Mapping[str, Any]) -> Displacement | None:
+        """The displacement the pass found for the job's current attempt, if any (one found
+        for an attempt already released says nothing about this one)."""
+        displaced = self.displaced
+        if displaced is None or displaced.attempt != int(status.get("attempt", 0)):
+            return None
+        return displaced

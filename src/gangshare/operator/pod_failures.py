@@ -11,12 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gangshare.core.annotations import (
-    POD_ASSIGNED_GPUS,
-    POD_PLANNED_GPUS,
-    AnnotationError,
-    decode_gpu_indices,
-)
 from gangshare.core.failures import (
     DEFAULT_IMAGE_PULL_GRACE_SECONDS,
     IMAGE_PULL_REASONS,
@@ -29,7 +23,7 @@ from gangshare.core.failures import (
     shared_with,
 )
 from gangshare.core.job import ServiceClass
-from gangshare.kube.claims import admitted_class, gpu_request
+from gangshare.kube.claims import admitted_class, gpu_request, recorded_indices
 from gangshare.kube.snapshot import parse_time
 
 Pod = dict[str, Any]
@@ -121,16 +115,13 @@ def nodes_to_look_beside(job: Pod, pods: Sequence[Pod]) -> list[str]:
 
 
 def recorded_gpus(pod: Pod) -> frozenset[int] | None:
-    """The GPU indices recorded on a pod: the agent's assignment, else the plan; None when
-    neither is there or readable."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    for key in (POD_ASSIGNED_GPUS, POD_PLANNED_GPUS):
-        if key in annotations:
-            try:
-                return frozenset(decode_gpu_indices(key, str(annotations[key]))) or None
-            except AnnotationError:
-                return None
-    return None
+    """The GPU indices recorded on a pod, read as every ledger reads them (the agent's
+    assignment, else the plan); None when not recorded or not readable."""
+    asked = gpu_request(pod)
+    if asked is None:
+        return None
+    indices, _ = recorded_indices(pod, asked[1])
+    return frozenset(indices) if indices else None
 
 
 def gpu_tenants(worker: Pod, neighbours: Sequence[Pod]) -> list[GpuTenant]:

@@ -197,10 +197,8 @@ def requeue_preempted(
     actions: Actions,
 ) -> bool:
     """Evict a reclaimed borrower whole and requeue it: its place, retries and restarts kept."""
-    displaced = seen.displaced
+    displaced = seen.displaced_now(status)
     if displaced is None or not displaced.preempted:
-        return False
-    if displaced.attempt != int(status.get("attempt", 0)):
         return False
     release = Release(
         "Preempted",
@@ -222,10 +220,8 @@ def requeue_off_island(
     """Release a gang whose Required NVLink islands the node did not keep, running or not:
     it would run degraded otherwise. Not the job's failure: no retry spent, its place kept,
     and a back-off in case the node does it again."""
-    displaced = seen.displaced
+    displaced = seen.displaced_now(status)
     if displaced is None or not displaced.off_island:
-        return False
-    if displaced.attempt != int(status.get("attempt", 0)):
         return False
     delay = start_timeout_delay(status, backoff_base_seconds)
     release = Release(

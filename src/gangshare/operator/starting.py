@@ -102,12 +102,12 @@ def release_before_start(
 ) -> tuple[Release | None, float | None]:
     """(why the gang gives its GPUs back now, or None; seconds until it should be looked at
     again, or None)."""
-    attempt = int(status.get("attempt", 0))
-    if seen.displaced is not None and seen.displaced.attempt == attempt:
+    displaced = seen.displaced_now(status)
+    if displaced is not None:
         return (
             Release(
                 "GangDisplaced",
-                f"the gang's plan broke before it started ({seen.displaced.reason}); "
+                f"the gang's plan broke before it started ({displaced.reason}); "
                 "requeued, keeping its place in the queue",
             ),
             None,

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,9 +36,11 @@ def fake_process(proc: Path, pid: int, start: int, pod: str | None) -> None:
     (folder / "cgroup").write_text(cgroup)
 
 
-def sdk_server(tmp_path: Path, got: Got, boot_ticks: int) -> SdkServer:
+@contextmanager
+def serving(tmp_path: Path, got: Got, boot_ticks: int) -> Iterator[SdkServer]:
+    """The agent's SDK server on a fake /proc, started, and stopped after."""
     proc = tmp_path / "proc"
-    return SdkServer(
+    server = SdkServer(
         tmp_path / "sdk" / "agent.sock",
         lambda pid: pod_uid_of(pid, proc),
         lambda uid, steps, count: got.append((uid, steps, count)),
@@ -45,6 +49,11 @@ def sdk_server(tmp_path: Path, got: Got, boot_ticks: int) -> SdkServer:
         proc=proc,
         boot_ticks=lambda: boot_ticks,
     )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_a_connection_whose_peer_pid_was_reused_is_closed_and_counts_for_no_pod(
@@ -52,9 +61,7 @@ def test_a_connection_whose_peer_pid_was_reused_is_closed_and_counts_for_no_pod(
 ) -> None:
     got: Got = []
     fake_process(tmp_path / "proc", ME, start=50, pod=POD_A)
-    server = sdk_server(tmp_path, got, boot_ticks=100)
-    server.start()
-    try:
+    with serving(tmp_path, got, boot_ticks=100) as server:
         sdk = connect(server.path)
         wait_until(lambda: server.connected() == {POD_A: 1})
         # The peer exits (a forked child keeps the socket) and pod B's new process gets its PID.
@@ -66,31 +73,23 @@ def test_a_connection_whose_peer_pid_was_reused_is_closed_and_counts_for_no_pod(
         assert server.connected() == {}
         assert server.refused["peer-gone"] == 1
         sdk.close()
-    finally:
-        server.stop()
 
 
 def test_a_pid_reused_before_the_agent_accepted_is_refused(tmp_path: Path) -> None:
     got: Got = []
     # The process now at the peer's PID started after the agent accepted: not the peer.
     fake_process(tmp_path / "proc", ME, start=150, pod=POD_B)
-    server = sdk_server(tmp_path, got, boot_ticks=100)
-    server.start()
-    try:
+    with serving(tmp_path, got, boot_ticks=100) as server:
         sdk = connect(server.path)
         assert "started after it connected" in refusal(sdk)
         assert server.connected() == {}
         sdk.close()
-    finally:
-        server.stop()
 
 
 def test_the_same_peer_keeps_its_pod(tmp_path: Path) -> None:
     got: Got = []
     fake_process(tmp_path / "proc", ME, start=50, pod=POD_A)
-    server = sdk_server(tmp_path, got, boot_ticks=100)
-    server.start()
-    try:
+    with serving(tmp_path, got, boot_ticks=100) as server:
         sdk = connect(server.path)
         sdk.sendall(encode({"steps": [0.2], "count": 1}))
         wait_until(lambda: got)
@@ -98,8 +97,6 @@ def test_the_same_peer_keeps_its_pod(tmp_path: Path) -> None:
         sdk.sendall(b"not json\n")
         assert "not JSON" in json.loads(sdk.makefile("rb").readline())["error"]
         sdk.close()
-    finally:
-        server.stop()
 
 
 def control_loop(pod_of_pid: Any) -> ControlLoop:
