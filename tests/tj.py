@@ -93,3 +93,15 @@ def gpus_bound_per_node(kube: Kube, namespace: str) -> dict[str, int]:
                 limits.get("nvidia.com/gpu", 0)
             )
     return used
+
+
+def trainer_status(state: dict[str, Any]) -> dict[str, Any]:
+    """The status of a worker's `trainer` container, as a kubelet would write it."""
+    return {
+        "name": "trainer",
+        "image": "example.invalid/train:1",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": state,
+    }

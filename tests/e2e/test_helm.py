@@ -411,6 +411,9 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
                     "maxPriority": {"*": 0, "research": 100},
                     "cycleInterval": 0.5,
                     "startTimeoutSeconds": 300,
+                    "starvationSeconds": 86400,
+                    "reclaimMinRuntimeSeconds": 600,
+                    "maxEvictions": 3,
                 }
             }
         )
@@ -430,6 +433,9 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         "--backfill",
         "--fair-share",
         "--small-job-max-gpus=2",
+        "--starvation-seconds=86400",
+        "--reclaim-min-runtime=600",
+        "--max-evictions=3",
         "--quota=production=64",
         "--quota=research=16",
         "--max-priority=*=0",
@@ -452,11 +458,27 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         0.5,
     )
     assert parsed.backfill and parsed.fair_share
+    assert (parsed.starvation_seconds, parsed.reclaim_min_runtime, parsed.max_evictions) == (
+        86400,
+        600,
+        3,
+    )
 
     defaults = helm.render()
     args = containers(defaults[("Deployment", "gangshare-operator")])["operator"]["args"]
-    assert not any(a.startswith(("--quota", "--backfill", "--fair-share", "--small")) for a in args)
+    # The default stack is the best measured in docs/results.md.
+    assert [a for a in args if a.startswith(("--backfill", "--fair-share", "--small"))] == [
+        "--backfill",
+        "--fair-share",
+        "--small-job-max-gpus=2",
+    ]
+    assert not any(a.startswith(("--quota", "--max-evictions")) for a in args)
     parsed = cli_parser().parse_args(args)
+    assert (parsed.starvation_seconds, parsed.reclaim_min_runtime, parsed.max_evictions) == (
+        604800,
+        1800,
+        None,
+    )
     assert (parsed.ordering, parsed.quota, parsed.liveness) == (
         "Priority",
         [],

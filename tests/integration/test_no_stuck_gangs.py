@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kube import Kube, NodePool, OperatorProcess, eventually
-from tj import create, job_pods, phase_is, status, trainingjob
+from tj import create, job_pods, phase_is, status, trainer_status, trainingjob
 
 pytestmark = pytest.mark.integration
 
@@ -265,16 +265,7 @@ def test_a_transient_image_pull_error_is_retried_not_failed(
                 "status": {
                     "phase": "Pending",
                     "startTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "containerStatuses": [
-                        {
-                            "name": "trainer",
-                            "image": "example.invalid/train:1",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {"waiting": waiting},
-                        }
-                    ],
+                    "containerStatuses": [trainer_status({"waiting": waiting})],
                 }
             },
         )

@@ -20,13 +20,22 @@ its live state. Same function, same decisions.
 from __future__ import annotations
 
 from bisect import insort
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 
+from gangshare.core.backfill import (
+    BackfillRefusal,
+    Reservation,
+    backfill_refusal,
+    free_at,
+    gpus_free_from,
+    hold_all,
+    quota_free_from,
+    used_at,
+)
 from gangshare.core.cluster import Cluster
 from gangshare.core.constraints import PodConstraints
-from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
-from gangshare.core.job import GangRequest, ServiceClass, Topology, TopologyPolicy
+from gangshare.core.gang import Unschedulable, apply_plan, never_fits, plan_gang
+from gangshare.core.job import GangRequest, ServiceClass, Topology
 from gangshare.core.queueing import (
     QueuedJob,
     QueuePolicy,
@@ -35,59 +44,25 @@ from gangshare.core.queueing import (
     policy_refusal,
 )
 from gangshare.core.queues import CohortBook
+from gangshare.core.reclaim import reclaim_over_lent
+from gangshare.core.results import (
+    Admission,
+    CycleResult,
+    Pending,
+    PendingKind,
+    Preemption,
+    holding_out,
+)
 
-
-@dataclass(frozen=True)
-class Admission:
-    job: QueuedJob
-    plan: GangPlan
-    # The class it runs as: Opportunistic when it runs on borrowed quota, whatever it asked.
-    service_class: ServiceClass = ServiceClass.GUARANTEED
-    borrowed: bool = False
-
-
-@dataclass(frozen=True)
-class Preemption:
-    """A running borrower to evict whole and requeue, with why (for its events)."""
-
-    job: RunningJob
-    reason: str
-
-
-class PendingKind(StrEnum):
-    """Why a job still waits, as a CamelCase reason for conditions and events."""
-
-    UNSCHEDULABLE = "Unschedulable"
-    QUOTA = "QuotaExceeded"
-    BEHIND = "WaitingInQueue"
-    BACKFILL = "WaitingForReservation"
-    # Waiting cannot help (the shape fits nowhere, above the queue's quota or priority bound):
-    # the job is marked and skipped, so it never blocks the jobs behind it.
-    INADMISSIBLE = "Inadmissible"
-
-
-@dataclass(frozen=True)
-class Pending:
-    job: QueuedJob
-    reason: str
-    kind: PendingKind = PendingKind.UNSCHEDULABLE
-
-
-@dataclass
-class Reservation:
-    """A blocked head's claim (EASY backfill): GPUs expected free at `start`, `extra` to spare."""
-
-    head: str
-    start: float
-    extra: int
-
-
-@dataclass
-class CycleResult:
-    admitted: list[Admission] = field(default_factory=list)
-    pending: list[Pending] = field(default_factory=list)
-    reservations: list[Reservation] = field(default_factory=list)
-    preemptions: list[Preemption] = field(default_factory=list)
+__all__ = [
+    "Admission",
+    "CycleResult",
+    "Pending",
+    "PendingKind",
+    "Preemption",
+    "Reservation",
+    "schedule_cycle",
+]
 
 
 ShapeKey = tuple[ServiceClass, int, Topology, str | None, int | None, PodConstraints]
@@ -108,9 +83,10 @@ def schedule_cycle(
         elif holder.service_class is ServiceClass.GUARANTEED:
             book.guaranteed[holder.queue] = book.guaranteed.get(holder.queue, 0) + holder.gpus
     # Phase 2
-    lanes = order_lanes(policy, pending, book.guaranteed)
+    lanes = order_lanes(policy, pending, book.guaranteed, now)
     # Phase 3
     cycle = _Cycle(cluster, running, policy, now, book)
+    cycle.reserve_quota_for_heads(lanes)
     cohorts = any(spec.cohort for spec in policy.queues.values())
     pick_best = policy.fair_share or cohorts
     open_lanes = [lane for lane in lanes if lane]
@@ -135,20 +111,9 @@ def schedule_cycle(
             open_lanes.remove(lane)
     # Phase 4
     if cohorts:
-        cycle.reclaim()
+        reclaim_over_lent(cycle.result, policy, book, running, cluster, now)
     # Phase 5
     return cycle.result
-
-
-def _holding_out(gang: GangRequest, waited: float) -> str:
-    """What a Preferred scope that is still holding out adds to the reason it waits."""
-    topology = gang.topology
-    if topology.policy is not TopologyPolicy.PREFERRED or topology.relax_after_seconds is None:
-        return ""
-    if waited >= topology.relax_after_seconds:
-        return ""
-    left = topology.relax_after_seconds - waited
-    return f" (waiting for topology {topology.scope.value}; a wider scope in {left:.0f}s)"
 
 
 class _Cycle:
@@ -176,6 +141,10 @@ class _Cycle:
         # sorted: built once, then kept as admissions add to it (backfill reserves for every
         # blocked head, and rebuilding it each time made a large cycle quadratic).
         self._ending: list[tuple[float, int]] | None = None
+        # The same per queue, for its own guaranteed jobs (quota reservations).
+        self._queue_ending: dict[str, list[tuple[float, int]]] | None = None
+        # Lanes whose first quota-blocked job reserved in this cycle.
+        self._quota_lanes: set[tuple[str, str, str]] = set()
 
     def lane_priority(self, lane: list[QueuedJob]) -> tuple[object, ...]:
         """Heads within their quota first (least served first under fair share); then heads
@@ -198,8 +167,8 @@ class _Cycle:
             and (self.policy.queues[job.queue].cohort is not None)
         )
 
-    def mark_if_inadmissible(self, job: QueuedJob) -> bool:
-        """Record the job as Inadmissible when waiting cannot help it; True if so."""
+    def inadmissible(self, job: QueuedJob) -> str | None:
+        """Why waiting cannot help the job (policy or shape, judged once per shape); None."""
         gang = job.gang
         key: tuple[object, ...] = (
             gang.service_class,
@@ -212,7 +181,11 @@ class _Cycle:
         )
         if key not in self.never:
             self.never[key] = never_fits(self.cluster, gang)
-        reason = policy_refusal(self.policy, job) or self.never[key]
+        return policy_refusal(self.policy, job) or self.never[key]
+
+    def mark_if_inadmissible(self, job: QueuedJob) -> bool:
+        """Record the job as Inadmissible when waiting cannot help it; True if so."""
+        reason = self.inadmissible(job)
         if reason is None:
             return False
         self.result.pending.append(Pending(job, reason, PendingKind.INADMISSIBLE))
@@ -224,21 +197,60 @@ class _Cycle:
             return False
         quota = self._quota_reason(job)
         if quota is not None:
-            if not self._needs_borrowing(job):
-                self.result.pending.append(Pending(job, quota, PendingKind.QUOTA))
-                return True
-            refusal = self.book.borrow_refusal(job.queue, job.gpus)
-            if refusal is not None:
-                self.result.pending.append(Pending(job, f"{quota}; {refusal}", PendingKind.QUOTA))
-                return True
-            # Beyond its quota it may still run, as Opportunistic on the cohort's idle quota.
-            opportunistic = replace(job.gang, service_class=ServiceClass.OPPORTUNISTIC)
-            return not self._place(job, opportunistic, borrowed=True)
-        backfill = self._backfill_reason(job)
+            borrows = self._needs_borrowing(job)
+            refusal = self.book.borrow_refusal(job.queue, job.gpus) if borrows else None
+            if borrows and refusal is None:
+                return self._borrow(job)
+            reason = quota if refusal is None else f"{quota}; {refusal}"
+            self.result.pending.append(Pending(job, reason, PendingKind.QUOTA))
+            # It waits for its queue's quota as a head blocked by GPUs waits for GPUs.
+            if self.policy.backfill_of(job.queue):
+                self._reserve_quota_once_per_lane(job)
+            return True
+        backfill = self._backfill_refusal(job)
         if backfill is not None:
-            self.result.pending.append(Pending(job, backfill, PendingKind.BACKFILL))
+            # Its queue's quota is promised to a head: beyond it, a job may still borrow.
+            if (
+                backfill.quota_only
+                and self._in_cohort(job.queue)
+                and self.book.borrow_refusal(job.queue, job.gpus) is None
+            ):
+                return self._borrow(job)
+            self.result.pending.append(Pending(job, backfill.reason, PendingKind.BACKFILL))
             return True
         return not self._place(job, job.gang, borrowed=False)
+
+    def reserve_quota_for_heads(self, lanes: list[list[QueuedJob]]) -> None:
+        """Before anything is admitted, every lane head its queue's quota blocks reserves it, so
+        the queue's other lanes (small jobs visited first) cannot spend it under the head."""
+        for lane in lanes:
+            head = lane[0] if lane else None
+            if head is None or not self.policy.backfill_of(head.queue):
+                continue
+            if head.service_class is not ServiceClass.GUARANTEED or not self._quota_reason(head):
+                continue
+            if self._needs_borrowing(head) and not self.book.borrow_refusal(head.queue, head.gpus):
+                continue
+            if self.inadmissible(head) is None:
+                self._reserve_quota_once_per_lane(head)
+
+    def _reserve_quota_once_per_lane(self, head: QueuedJob) -> None:
+        """Only the first job of a lane its quota blocks reserves (EASY backfill): the jobs
+        behind it reserve in their turn, and reserving for all made a backlog quadratic."""
+        lane = self.policy.lane_of(head)
+        if lane not in self._quota_lanes:
+            self._quota_lanes.add(lane)
+            self._reserve(head, quota_blocked=True)
+
+    def _borrow(self, job: QueuedJob) -> bool:
+        """Beyond its quota a job may still run, as Opportunistic on the cohort's idle quota;
+        True when it stays blocked."""
+        opportunistic = replace(job.gang, service_class=ServiceClass.OPPORTUNISTIC)
+        return not self._place(job, opportunistic, borrowed=True)
+
+    def _in_cohort(self, queue: str) -> bool:
+        spec = self.policy.queues.get(queue)
+        return spec is not None and spec.cohort is not None
 
     def _place(self, job: QueuedJob, gang: GangRequest, borrowed: bool) -> bool:
         """Plan and assume the gang; False (with the reason recorded) when it does not fit."""
@@ -253,67 +265,30 @@ class _Cycle:
         )
         known = self.failed_shapes.get(shape)
         if known is not None and gang.workers >= known[0]:
-            self._block(job, known[1] + _holding_out(gang, waited), borrowed)
+            self._block(job, known[1] + holding_out(gang, waited), borrowed)
             return False
         plan = plan_gang(self.cluster, gang, waited)
         if isinstance(plan, Unschedulable):
             # The shape's reason is shared; how long each job still holds out is its own.
             if known is None or gang.workers < known[0]:
                 self.failed_shapes[shape] = (gang.workers, plan.reason)
-            self._block(job, plan.reason + _holding_out(gang, waited), borrowed)
+            self._block(job, plan.reason + holding_out(gang, waited), borrowed)
             return False
         apply_plan(self.cluster, gang, plan)
         if borrowed:
             self.book.borrowed[job.queue] = self.book.borrowed.get(job.queue, 0) + job.gpus
         elif gang.service_class is ServiceClass.GUARANTEED:
             self.usage[job.queue] = self.usage.get(job.queue, 0) + job.gpus
+            ends = self.now + self._estimate(job)
+            hold_all(self.result.reservations, job.queue, job.gpus, ends)
             if self._free_gpus is not None:
                 self._free_gpus -= job.gpus
             if self._ending is not None:
-                insort(self._ending, (self.now + self._estimate(job), job.gpus))
+                insort(self._ending, (ends, job.gpus))
+            if self._queue_ending is not None:
+                insort(self._queue_ending.setdefault(job.queue, []), (ends, job.gpus))
         self.result.admitted.append(Admission(job, plan, gang.service_class, borrowed))
         return True
-
-    def reclaim(self) -> None:
-        """Evict borrowers of every over-lent cohort: lowest priority, least progress first."""
-        cohorts = {spec.cohort for spec in self.policy.queues.values() if spec.cohort}
-        for cohort in sorted(cohorts):
-            excess = self.book.over_lent(cohort)
-            if excess <= 0:
-                continue
-            lent, held = self.book.lent(cohort), self.book.borrowed_in(cohort)
-            members = {q.name for q in self.book.members(cohort)}
-            # A borrower admitted earlier in this cycle may have counted on quota that a
-            # guaranteed job behind it in its lane has since taken: undo such admissions first,
-            # latest first (they lose no work), before evicting anything that runs.
-            for admission in reversed(list(self.result.admitted)):
-                if excess <= 0:
-                    break
-                if not admission.borrowed or admission.job.queue not in members:
-                    continue
-                excess -= admission.job.gpus
-                self.book.borrowed[admission.job.queue] -= admission.job.gpus
-                self.result.admitted.remove(admission)
-                self.cluster.release(admission.plan.owner)
-                reason = (
-                    f"cohort {cohort} lends {lent} GPU(s) now, less than its borrowers need: "
-                    "its lenders took their quota back in this cycle"
-                )
-                self.result.pending.append(Pending(admission.job, reason, PendingKind.QUOTA))
-            borrowers = sorted(
-                (j for j in self.running if j.borrowed and j.queue in members),
-                key=lambda j: (j.priority, -j.started_at, -j.gpus, j.key),
-            )
-            for victim in borrowers:
-                if excess <= 0:
-                    break
-                excess -= victim.gpus
-                self.book.borrowed[victim.queue] -= victim.gpus
-                reason = (
-                    f"reclaimed: cohort {cohort}'s lenders took their quota back; it lends "
-                    f"{lent} GPU(s) now and borrowers held {held}"
-                )
-                self.result.preemptions.append(Preemption(victim, reason))
 
     def _block(self, job: QueuedJob, reason: str, borrowed: bool = False) -> None:
         self.result.pending.append(Pending(job, reason))
@@ -340,20 +315,11 @@ class _Cycle:
     def _estimate(self, job: QueuedJob) -> float:
         return job.runtime_estimate or self.policy.default_runtime(job.queue)
 
-    def _backfill_reason(self, job: QueuedJob) -> str | None:
+    def _backfill_refusal(self, job: QueuedJob) -> BackfillRefusal | None:
         if not self.result.reservations or job.service_class is not ServiceClass.GUARANTEED:
             return None
         ends = self.now + self._estimate(job)
-        for reservation in self.result.reservations:
-            if ends > reservation.start and job.gpus > reservation.extra:
-                return (
-                    f"backfill: would delay {reservation.head}, which holds a reservation "
-                    f"from t={reservation.start:.0f}s"
-                )
-        for reservation in self.result.reservations:
-            if ends > reservation.start:
-                reservation.extra -= job.gpus
-        return None
+        return backfill_refusal(self.result.reservations, job.queue, job.gpus, ends)
 
     def _free_guaranteed_gpus(self) -> int:
         if self._free_gpus is None:
@@ -381,17 +347,57 @@ class _Cycle:
             self._ending = sorted(ends)
         return self._ending
 
-    def _reserve(self, head: QueuedJob) -> None:
-        """Earliest time enough GPUs free up for the head, by running jobs' expected ends."""
-        free = self._free_guaranteed_gpus()
-        start = self.now
-        needed = head.gpus
-        for end, gpus in self._guaranteed_endings():
-            if free >= needed:
-                break
-            free += gpus
-            start = max(start, end)
-        if free < head.gpus:
+    def _queue_endings(self, queue: str) -> list[tuple[float, int]]:
+        if self._queue_ending is None:
+            by_queue: dict[str, list[tuple[float, int]]] = {}
+            for job in self.running:
+                if job.service_class is ServiceClass.GUARANTEED and not job.borrowed:
+                    end = job.expected_end
+                    if end is None:
+                        end = self.now + self.policy.default_runtime_seconds
+                    by_queue.setdefault(job.queue, []).append((end, job.gpus))
+            for a in self.result.admitted:
+                if a.service_class is ServiceClass.GUARANTEED and not a.borrowed:
+                    ends = self.now + self._estimate(a.job)
+                    by_queue.setdefault(a.job.queue, []).append((ends, a.job.gpus))
+            self._queue_ending = {q: sorted(ends) for q, ends in by_queue.items()}
+        return self._queue_ending.get(queue, [])
+
+    def _starving(self, job: QueuedJob) -> bool:
+        bound = self.policy.starvation_seconds
+        return bound is not None and self.now - job.submitted_at >= bound
+
+    def _reserve(self, head: QueuedJob, quota_blocked: bool = False) -> None:
+        """Reserve for a blocked head what it waits for, from the earliest time running jobs'
+        expected ends free it: GPUs, and its queue's quota when that is what blocks it."""
+        free, endings = self._free_guaranteed_gpus(), self._guaranteed_endings()
+        start = gpus_free_from(free, endings, head.gpus, self.now)
+        if start is None:
             # Nothing that is running frees enough: a reservation would only stall everyone.
             return
-        self.result.reservations.append(Reservation(head.key, start, max(0, free - head.gpus)))
+        reservation = Reservation(head.key, start, 0, head.gpus)
+        quota = self.policy.quota(head.queue)
+        if quota_blocked and quota is not None:
+            # Heads of the queue that reserved before it are served first: counted as if they
+            # held their GPUs from now until they are expected to end.
+            ahead = [r for r in self.result.reservations if r.queue == head.queue]
+            used = self.usage.get(head.queue, 0) + sum(r.gpus for r in ahead)
+            mine = self._queue_endings(head.queue)
+            if ahead:
+                mine = sorted([*mine, *((r.until, r.gpus) for r in ahead)])
+            quota_start = quota_free_from(used, quota, mine, head.gpus, self.now)
+            if quota_start is None:
+                return
+            reservation.start = max(start, quota_start)
+            reservation.queue = head.queue
+            if self._starving(head):
+                # Waited past the bound: no other job of its queue starts guaranteed before it.
+                reservation.quota_start, reservation.quota_extra = self.now, 0
+            else:
+                left = quota - used_at(used, mine, quota_start) - head.gpus
+                reservation.quota_start, reservation.quota_extra = quota_start, max(0, left)
+        elif quota_blocked:
+            return
+        reservation.extra = max(0, free_at(free, endings, reservation.start) - head.gpus)
+        reservation.until = reservation.start + self._estimate(head)
+        self.result.reservations.append(reservation)

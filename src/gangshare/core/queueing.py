@@ -72,6 +72,8 @@ class RunningJob:
     priority: int = 0
     # When it started (or was admitted): the latest started has the least progress to lose.
     started_at: float = 0.0
+    # Times it was evicted before (reclaims and memory evictions): bounded by the policy.
+    evictions: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,35 @@ class QueuePolicy:
     # Borrowing heads gain one unit of share for every this many seconds they wait, so a
     # queue with a small weight is never starved by heavier ones.
     aging_seconds: float = 3600.0
+    # A head blocked by its queue's quota this long gets the quota outright: no other job of
+    # its queue starts guaranteed before it (None: backfill's reservation alone bounds it).
+    starvation_seconds: float | None = None
+    # A borrower runs at least this long before reclaim may evict it (KAI-Scheduler's
+    # minimum runtime): an eviction right after a start loses the start's whole cost.
+    reclaim_min_runtime_seconds: float = 0.0
+    # A borrower evicted this many times is not reclaimed again; it runs to its end.
+    max_evictions_per_job: int | None = None
 
     def __post_init__(self) -> None:
         if not self.aging_seconds > 0:
             raise ValueError(f"aging_seconds: must be positive, got {self.aging_seconds}")
+        if self.reclaim_min_runtime_seconds < 0:
+            raise ValueError(
+                "reclaim_min_runtime_seconds: must not be negative, got "
+                f"{self.reclaim_min_runtime_seconds}"
+            )
+        if self.max_evictions_per_job is not None and self.max_evictions_per_job < 0:
+            raise ValueError(
+                f"max_evictions_per_job: must not be negative, got {self.max_evictions_per_job}"
+            )
+
+    def reclaimable(self, job: RunningJob, now: float) -> bool:
+        """Whether reclaim may evict this borrower now: it has run its minimum and has not
+        been evicted as often as the policy allows."""
+        if now - job.started_at < self.reclaim_min_runtime_seconds:
+            return False
+        cap = self.max_evictions_per_job
+        return cap is None or job.evictions < cap
 
     def lane_of(self, job: QueuedJob) -> tuple[str, str, str]:
         size = "all"
@@ -206,14 +233,28 @@ def _pod_priority_refusal(job: QueuedJob, limit: int | None) -> str | None:
 
 
 def order_lanes(
-    policy: QueuePolicy, pending: list[QueuedJob], usage: Mapping[str, int]
+    policy: QueuePolicy,
+    pending: list[QueuedJob],
+    usage: Mapping[str, int],
+    now: float | None = None,
 ) -> list[list[QueuedJob]]:
-    """Pending jobs grouped into lanes, each lane ordered, lanes in visiting order."""
+    """Pending jobs grouped into lanes, each lane ordered, lanes in visiting order.
+
+    Jobs that have waited past the starvation bound go first in their lane, oldest first
+    (ageing): under ShortestFirst or Priority a large or low job would otherwise never
+    reach the head, and only a head reserves what it waits for."""
     lanes: dict[tuple[str, str, str], list[QueuedJob]] = {}
     for job in pending:
         lanes.setdefault(policy.lane_of(job), []).append(job)
+    bound = policy.starvation_seconds
     for jobs in lanes.values():
         jobs.sort(key=policy.order_key)
+        if bound is not None and now is not None:
+            starving = [j for j in jobs if now - j.submitted_at >= bound]
+            if starving:
+                starving.sort(key=lambda j: (j.submitted_at, j.key))
+                chosen = {id(j) for j in starving}
+                jobs[:] = starving + [j for j in jobs if id(j) not in chosen]
 
     def lane_key(item: tuple[tuple[str, str, str], list[QueuedJob]]) -> tuple[object, ...]:
         (queue, _, _), jobs = item

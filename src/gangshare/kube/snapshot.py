@@ -90,6 +90,7 @@ def running_jobs(jobs: Iterable[dict[str, Any]], default_runtime: float) -> list
                 borrowed=bool(status.get("borrowed")),
                 priority=int(spec.get("priority", 0) or 0),
                 started_at=start or 0.0,
+                evictions=int(status.get("preemptions") or 0) + int(status.get("evictions") or 0),
             )
         )
     return running

@@ -7,6 +7,7 @@ so they can land in a Failed condition instead of a crash loop.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ class TrainingJobSpec:
     template: dict[str, Any]
     # What kube-scheduler will check of each worker besides GPUs (from the template).
     constraints: PodConstraints = field(default=UNCONSTRAINED)
+    # spec.checkpoint.path: every attempt's GANGSHARE_CHECKPOINT_DIR.
+    checkpoint_path: str | None = None
 
     @property
     def key(self) -> str:
@@ -205,6 +208,7 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         slowdown_tolerance=float(tolerance),
         template=template,
         constraints=pod_constraints(template["spec"]),
+        checkpoint_path=_checkpoint_path(spec.get("checkpoint"), template["spec"]),
     )
 
 
@@ -249,6 +253,57 @@ def _check_gpus_outside_first_container(pod: dict[str, Any]) -> None:
                         f"{resource}; only the first container gets GPUs, set by gangshare "
                         "from spec.gpusPerWorker"
                     )
+
+
+# Volumes that die with the pod, or cannot be written: no checkpoint survives on them.
+_NO_CHECKPOINT_VOLUMES = {
+    "emptyDir": "is deleted with the pod",
+    "ephemeral": "is deleted with the pod",
+    "configMap": "is read-only",
+    "secret": "is read-only",
+    "downwardAPI": "is read-only",
+    "projected": "is read-only",
+}
+
+
+def _checkpoint_path(raw: Any, pod: dict[str, Any]) -> str | None:
+    """spec.checkpoint.path, normalised; it must be on a writable volume of the first container
+    that outlives the pod, or the next attempt would find nothing there."""
+    if raw is None:
+        return None
+    path = raw.get("path") if isinstance(raw, dict) else None
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidSpec(f"spec.checkpoint.path: must be an absolute path, got {path!r}")
+    path = posixpath.normpath(path)
+    first = pod["containers"][0] if isinstance(pod["containers"][0], dict) else {}
+    mounts = [
+        m
+        for m in (first.get("volumeMounts") or [])
+        if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
+    ]
+    under = [m for m in mounts if _is_under(path, posixpath.normpath(m["mountPath"]))]
+    if not under:
+        raise InvalidSpec(
+            f"spec.checkpoint.path: {path} is on no volume of the first container "
+            "(spec.template.spec.containers[0].volumeMounts); checkpoints must outlive the pod: "
+            "mount a PersistentVolumeClaim (or a hostPath on one node) at or above it"
+        )
+    mount = max(under, key=lambda m: len(posixpath.normpath(m["mountPath"])))
+    volumes = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
+    volume = volumes.get(mount.get("name")) or {}
+    why = "is mounted read-only" if mount.get("readOnly") else None
+    why = why or next((w for kind, w in _NO_CHECKPOINT_VOLUMES.items() if kind in volume), None)
+    if why is not None:
+        raise InvalidSpec(
+            f"spec.checkpoint.path: {path} is on volume {mount.get('name')!r}, which {why}; "
+            "checkpoints need a writable volume that outlives the pod (a PersistentVolumeClaim, "
+            "or a hostPath on one node)"
+        )
+    return path
+
+
+def _is_under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _missing(field: str) -> int:

@@ -32,6 +32,13 @@ from gangshare.operator.requeue import (
 from gangshare.operator.starting import gang_nudges, gated, release_before_start
 
 TERMINAL = ("Succeeded", "Failed")
+# Worker names are the same in every attempt. A pod of an earlier attempt whose phase is final
+# has left the operator's pod watch (informers.LIVE_PODS): when its kubelet completes its
+# deletion, no event says so. While such a pod holds the name of a worker to create, the job
+# looks again this often; less often the longer the pod outlives its deletion deadline (a
+# dead node's pods wait for the force-delete).
+NAME_POLL_SECONDS = 0.5
+NAME_POLL_MAX_SECONDS = 5.0
 __all__ = ["Actions", "Event", "Limits", "Observation", "detect_actions"]
 
 
@@ -84,7 +91,7 @@ def detect_actions(
             user_error_retries=user_error_retries,
             backoff_base_seconds=backoff_base_seconds,
         )
-        gang = _Gang(spec, status, current, seen, generation, limits, retry)
+        gang = _Gang(spec, status, current, seen, generation, limits, retry, tuple(stale))
         _advance_gang(gang, actions, scheduler_name)
     elif phase == "Restarting":
         _finish_restart(spec, status, stale, seen.now, generation, actions)
@@ -173,6 +180,8 @@ class _Gang:
     gen: int
     limits: Limits
     retry: RetryPolicy
+    # The job's pods of earlier attempts, still there (going away: detect_actions deletes them).
+    stale: tuple[dict[str, Any], ...] = ()
 
 
 def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
@@ -219,20 +228,24 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     if not created:
         if not seen.has_service:
             actions.create_service = headless_service(spec)
+        taken = {_name(p): p for p in gang.stale}
         for rank in range(spec.workers):
             if rank not in current and rank in placement:
                 worker = placement[rank]
-                actions.create_pods.append(
-                    worker_pod(
-                        as_admitted(spec, seen.job),
-                        rank,
-                        worker["node"],
-                        list(worker["gpus"]),
-                        int(status.get("attempt", 0)),
-                        scheduler_name,
-                        resume_step=(status.get("progress") or {}).get("steps"),
-                    )
+                pod = worker_pod(
+                    as_admitted(spec, seen.job),
+                    rank,
+                    worker["node"],
+                    list(worker["gpus"]),
+                    int(status.get("attempt", 0)),
+                    scheduler_name,
+                    resume_step=(status.get("progress") or {}).get("steps"),
                 )
+                holder = taken.get(_name(pod))
+                if holder is None:
+                    actions.create_pods.append(pod)
+                else:
+                    _wait_for_name(holder, seen.now, actions)
         if len(current) == spec.workers:
             # The whole gang exists: commit to starting it (the status, written first, is what
             # the gang barrier passes on), then release every gate in one step.
@@ -385,6 +398,18 @@ def _until_stuck(pod: dict[str, Any], now: float, limits: Limits) -> float | Non
     """Seconds until a deleting pod counts as stuck (<= 0: it is); None if not deleting."""
     deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
     return None if deadline is None else deadline + limits.stuck_pod_seconds - now
+
+
+def _wait_for_name(holder: dict[str, Any], now: float, actions: Actions) -> None:
+    """A worker whose name a pod of an earlier attempt still holds is created once that pod is
+    gone (a create now is refused: the name is taken). A live holder's own watch events (its
+    final phase, its deletion) wake the job; one whose phase is final sends none, so the job
+    looks again shortly."""
+    if not _terminal(holder):
+        return
+    deadline = parse_time((holder.get("metadata") or {}).get("deletionTimestamp"))
+    overdue = 0.0 if deadline is None else max(0.0, now - deadline)
+    wake(actions, min(NAME_POLL_MAX_SECONDS, max(NAME_POLL_SECONDS, overdue / 4)))
 
 
 def wake(actions: Actions, seconds: float) -> None:

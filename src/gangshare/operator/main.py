@@ -50,6 +50,25 @@ def add_operator_command(commands: Any) -> None:
         "--backfill", action="store_true", help="EASY backfill with predicted run times"
     )
     op.add_argument(
+        "--starvation-seconds",
+        type=_seconds,
+        default=None,
+        help="a head blocked by its queue's quota this long gets the quota outright: no other "
+        "job of its queue starts guaranteed before it (default: off)",
+    )
+    op.add_argument(
+        "--reclaim-min-runtime",
+        type=_seconds,
+        default=0.0,
+        help="seconds a borrower runs before reclaim may evict it",
+    )
+    op.add_argument(
+        "--max-evictions",
+        type=_count,
+        default=None,
+        help="a borrower evicted this many times runs to its end (default: no cap)",
+    )
+    op.add_argument(
         "--quota",
         action="append",
         default=[],
@@ -174,6 +193,9 @@ def run_operator(args: argparse.Namespace) -> int:
         small_job_max_gpus=args.small_job_max_gpus,
         fair_share=args.fair_share,
         backfill=args.backfill,
+        starvation_seconds=args.starvation_seconds,
+        reclaim_min_runtime_seconds=args.reclaim_min_runtime,
+        max_evictions_per_job=args.max_evictions,
         quotas=parse_quotas(args.quota),
         max_priority=parse_priority_limits(args.max_priority),
     )
@@ -265,3 +287,24 @@ def exit_on_lost(why: str) -> None:
     log.critical("leadership lost (%s): exiting so that only the new leader acts", why)
     logging.shutdown()
     os._exit(1)
+
+
+def _seconds(text: str) -> float:
+    """A non-negative number of seconds (argparse names the flag in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value

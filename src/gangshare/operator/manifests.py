@@ -34,6 +34,8 @@ from gangshare.kube.trainingjob import (
 )
 
 GANG_GATE = "gangshare.io/gang"
+# Kubernetes' terminationGracePeriodSeconds when a pod sets none.
+KUBERNETES_DEFAULT_GRACE_SECONDS = 30
 SCHEDULER_NAME = "gangshare-scheduler"
 MASTER_PORT = 29500
 
@@ -121,6 +123,7 @@ def worker_pod(
     if isinstance(resume_step, int) and resume_step > 0:
         # Where the SDK's step count starts (gangshare.sdk.resume_step()).
         env["GANGSHARE_RESUME_STEP"] = str(resume_step)
+    env.update(attempt_env(job, attempt, spec.get("terminationGracePeriodSeconds")))
     for position, container in enumerate(spec["containers"]):
         if position == 0:
             resources = container.setdefault("resources", {})
@@ -147,6 +150,21 @@ def worker_pod(
         },
         "spec": spec,
     }
+
+
+def attempt_env(job: TrainingJobSpec, attempt: int, grace: Any) -> dict[str, str]:
+    """What checkpoint on notice needs (gangshare.sdk.on_preempt, checkpoint_dir, attempt): the
+    attempt, the grace a save on SIGTERM has (the pod's; reclaim and eviction both delete
+    with it), and the checkpoint folder, the same for every attempt."""
+    given = isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0
+    seconds = grace if given else KUBERNETES_DEFAULT_GRACE_SECONDS
+    env = {
+        "GANGSHARE_ATTEMPT": str(attempt),
+        "GANGSHARE_PREEMPT_GRACE_SECONDS": str(seconds),
+    }
+    if job.checkpoint_path is not None:
+        env["GANGSHARE_CHECKPOINT_DIR"] = job.checkpoint_path
+    return env
 
 
 def pin_to_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:

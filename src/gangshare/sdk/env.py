@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gangshare.sdk.wire import MEMORY_CAP_ENV, RESUME_STEP_ENV, SM_CAP_ENV, SOCKET_ENV
+from gangshare.sdk.wire import (
+    ATTEMPT_ENV,
+    CHECKPOINT_DIR_ENV,
+    MEMORY_CAP_ENV,
+    PREEMPT_GRACE_ENV,
+    RESUME_STEP_ENV,
+    SM_CAP_ENV,
+    SOCKET_ENV,
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +27,9 @@ class EnvSettings:
     duty: float
     memory_mib: int | None
     resume_step: int
+    checkpoint_dir: str | None = None
+    attempt: int = 0
+    preempt_grace_seconds: float | None = None
 
 
 def read_env(env: Mapping[str, str]) -> EnvSettings:
@@ -27,6 +38,9 @@ def read_env(env: Mapping[str, str]) -> EnvSettings:
         duty=_duty(env.get(SM_CAP_ENV)),
         memory_mib=_non_negative(env.get(MEMORY_CAP_ENV)),
         resume_step=_non_negative(env.get(RESUME_STEP_ENV)) or 0,
+        checkpoint_dir=env.get(CHECKPOINT_DIR_ENV) or None,
+        attempt=_non_negative(env.get(ATTEMPT_ENV)) or 0,
+        preempt_grace_seconds=_seconds(env.get(PREEMPT_GRACE_ENV)),
     )
 
 
@@ -48,3 +62,11 @@ def _non_negative(raw: str | None) -> int | None:
     except ValueError:
         return None
     return value if value >= 0 else None
+
+
+def _seconds(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0.0 <= value < float("inf") else None

@@ -87,6 +87,8 @@ class Session:
         self._mark_start: float | None = None
         self._last_error: str | None = None
         self._idle = CountedStep(self._count_one)
+        # Set by a notice of preemption (gangshare.sdk.preempt): run once at the next boundary.
+        self._at_boundary: Callable[[], None] | None = None
         _SESSIONS.add(self)
 
     @property
@@ -133,6 +135,11 @@ class Session:
         except Exception:
             log.exception("gangshare SDK failed at a step boundary; training goes on")
 
+    def at_next_boundary(self, fn: Callable[[], None] | None) -> None:
+        """Call `fn` once at the end of the next step (`on_preempt`'s save and exit); None
+        cancels. Takes no lock: a signal handler calls it."""
+        self._at_boundary = fn
+
     def flush(self) -> None:
         """Send what is waiting now (a last report before exit), if the agent is there."""
         if self._conn is None:
@@ -158,6 +165,13 @@ class Session:
         lock.acquire()
         self._count += 1
         lock.release()
+        if self._at_boundary is not None:
+            self._boundary()
+
+    def _boundary(self) -> None:
+        fn, self._at_boundary = self._at_boundary, None
+        if fn is not None:
+            fn()
 
     def _finish(self, seconds: float, now: float) -> None:
         with self._lock:
@@ -169,6 +183,8 @@ class Session:
         self._notify(changes)
         if duty < 1.0:
             self._pace(seconds)
+        if self._at_boundary is not None:
+            self._boundary()
 
     def _pace(self, seconds: float) -> None:
         slept = 0.0
@@ -176,7 +192,8 @@ class Session:
             conn = self._conn
             assert conn is not None
             duty, connected = self._caps.duty, conn.connected
-            if duty >= 1.0:
+            # A notice of preemption ends a pause: the save is due at this boundary.
+            if duty >= 1.0 or self._at_boundary is not None:
                 return
             if duty > 0.0:
                 want = idle_for(seconds, duty) - slept

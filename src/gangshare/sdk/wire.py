@@ -29,6 +29,12 @@ MEMORY_CAP_ENV = "GANGSHARE_MEMORY_CAP_MIB"
 SM_CAP_ENV = "GANGSHARE_SM_CAP"
 # Set by the operator on a requeued job's pods: the steps its last run reported.
 RESUME_STEP_ENV = "GANGSHARE_RESUME_STEP"
+# Set by the operator on every worker: the job's checkpoint folder (spec.checkpoint.path, the
+# same for every attempt), the attempt (status.attempt, 0 first: the pods' gangshare.io/attempt
+# label), and the pod's termination grace, which bounds a save on notice (gangshare.sdk.preempt).
+CHECKPOINT_DIR_ENV = "GANGSHARE_CHECKPOINT_DIR"
+ATTEMPT_ENV = "GANGSHARE_ATTEMPT"
+PREEMPT_GRACE_ENV = "GANGSHARE_PREEMPT_GRACE_SECONDS"
 # One line never needs more; a longer one is a broken or hostile peer.
 MAX_LINE = 64 * 1024
 # Step times a single report may carry; the SDK batches, the agent caps what it reads.

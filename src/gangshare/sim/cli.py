@@ -23,9 +23,16 @@ from gangshare.core.coordinator import ControlParams
 from gangshare.core.spec import SpecError
 from gangshare.sim.clusters import load_sim_cluster
 from gangshare.sim.colocation import ColocationError, load_colocation
-from gangshare.sim.engine import SimConfig
+from gangshare.sim.config import (
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_MAX_EVICTIONS,
+    DEFAULT_RECLAIM_MIN_RUNTIME,
+    DEFAULT_RESTART_OVERHEAD,
+    DEFAULT_STARVATION,
+    SimConfig,
+)
 from gangshare.sim.openmetrics import DEFAULT_STEP_SECONDS, ReplayMetrics
-from gangshare.sim.outputs import write_outputs
+from gangshare.sim.outputs import NEVER_HELD, never_held, write_outputs
 from gangshare.sim.policy import PolicyError, parse_policy
 from gangshare.sim.progress import ProgressBar
 from gangshare.sim.run import DEFAULT_OPPORTUNISTIC_FRACTION, RunResult, simulate
@@ -65,7 +72,8 @@ def add_simulate_command(commands: Any) -> None:
         "--policy",
         action="append",
         help="comma-separated policies (fifo, priority, qssf, sjf-oracle, multi-queue, "
-        "fair-share, backfill, antman, cohort, oracle-runtimes); repeat to compare (default: fifo)",
+        "fair-share, backfill, antman, cohort, pool, oracle-runtimes); repeat to compare "
+        "(default: fifo)",
     )
     sim.add_argument("--seed", type=int, default=0, help="seed for class, priority, workload draws")
     sim.add_argument("--out", type=Path, default=Path("sim-out"), help="output directory")
@@ -84,6 +92,40 @@ def add_simulate_command(commands: Any) -> None:
         type=float,
         default=ControlParams.period_seconds,
         help="the coordinator's decision period, s",
+    )
+    sim.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=DEFAULT_CHECKPOINT_INTERVAL,
+        help="seconds of a run between two checkpoints, for jobs whose trace gives none: an "
+        "eviction loses the work since the last one (0: none lost) "
+        f"(default {DEFAULT_CHECKPOINT_INTERVAL:g})",
+    )
+    sim.add_argument(
+        "--restart-overhead",
+        type=float,
+        default=DEFAULT_RESTART_OVERHEAD,
+        help="seconds a run after an eviction holds its GPUs before progressing "
+        f"(default {DEFAULT_RESTART_OVERHEAD:g})",
+    )
+    sim.add_argument(
+        "--reclaim-min-runtime",
+        type=float,
+        default=DEFAULT_RECLAIM_MIN_RUNTIME,
+        help="seconds a borrower runs before reclaim may evict it "
+        f"(default {DEFAULT_RECLAIM_MIN_RUNTIME:g})",
+    )
+    sim.add_argument(
+        "--max-evictions",
+        default=str(DEFAULT_MAX_EVICTIONS).lower(),
+        help="evictions after which a borrower is no longer reclaimed; 0: borrowers are never "
+        f"reclaimed; 'none': no cap (default {DEFAULT_MAX_EVICTIONS})",
+    )
+    sim.add_argument(
+        "--starvation",
+        default=str(DEFAULT_STARVATION).lower(),
+        help="seconds after which a head blocked by its queue's quota gets the quota outright "
+        f"(backfill only); 'none': no bound (default {DEFAULT_STARVATION})",
     )
     sim.add_argument("--check-invariants", action="store_true", help="check state every event")
     sim.add_argument("--no-plots", action="store_true")
@@ -108,6 +150,32 @@ def add_simulate_command(commands: Any) -> None:
         "ends now, so it shows in Grafana's last hours or days)",
     )
     sim.set_defaults(run=run_simulate)
+
+
+def parse_starvation(text: str) -> float | None:
+    """--starvation: seconds >= 0, or 'none' for no bound."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UsageError(f"--starvation: must be seconds >= 0 or 'none', got {text!r}")
+    return value
+
+
+def parse_max_evictions(text: str) -> int | None:
+    """--max-evictions: a count >= 0, or 'none' for no cap."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UsageError(f"--max-evictions: must be a count >= 0 or 'none', got {text!r}")
+    return value
 
 
 def parse_window(text: str) -> tuple[datetime, datetime]:
@@ -138,6 +206,14 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--tolerance: must be in (0, 1), got {args.tolerance}")
     if args.control_period <= 0:
         raise UsageError(f"--control-period: must be positive, got {args.control_period}")
+    args.max_evictions = parse_max_evictions(str(args.max_evictions))
+    args.starvation = parse_starvation(str(args.starvation))
+    for flag in ("checkpoint_interval", "restart_overhead", "reclaim_min_runtime"):
+        value = getattr(args, flag)
+        if not 0 <= value < float("inf"):
+            raise UsageError(
+                f"--{flag.replace('_', '-')}: must be a non-negative number of seconds, got {value}"
+            )
     if args.metrics_out is None:
         if args.metrics_step is not None or args.metrics_start is not None:
             raise UsageError("--metrics-step, --metrics-start: only apply with --metrics-out")
@@ -175,6 +251,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         control_period=args.control_period,
         check_invariants=args.check_invariants,
+        checkpoint_interval=args.checkpoint_interval,
+        restart_overhead=args.restart_overhead,
+        reclaim_min_runtime=args.reclaim_min_runtime,
+        max_evictions=args.max_evictions,
+        starvation=args.starvation,
     )
     show = not args.no_progress and sys.stderr.isatty()
     results: list[RunResult] = []
@@ -198,11 +279,19 @@ def run_simulate(args: argparse.Namespace) -> int:
     header = {
         "trace": f"{args.trace.name} ({trace.kind}, {len(trace.jobs):,} jobs)",
         "dropped rows": trace.dropped or "none",
+        **({"jobs pinned to GPU models (gpu_spec)": trace.pinned} if trace.pinned else {}),
         "cluster": setup.description,
         "seed": args.seed,
         "opportunistic fraction (Philly)": args.opportunistic_fraction,
         "guaranteed tolerance": args.tolerance,
         "control period (s)": args.control_period,
+        "checkpoint interval (s)": args.checkpoint_interval,
+        "restart overhead (s)": args.restart_overhead,
+        "reclaim minimum run time (s)": args.reclaim_min_runtime,
+        "evictions per job before reclaim stops": (
+            "no cap" if args.max_evictions is None else args.max_evictions
+        ),
+        "starvation bound (s)": "none" if args.starvation is None else args.starvation,
     }
     written = write_outputs(args.out, header, results, not args.no_plots, args.jobs_csv)
     if recorder is not None:
@@ -215,6 +304,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             f"{datetime.fromtimestamp(end, UTC):%Y-%m-%d %H:%M:%S} UTC "
             f"(--metrics-start {start:.0f}, end {end:.0f})"
         )
+    dropped = ", ".join(f"{n:,} {why}" for why, n in trace.dropped.items()) or "none"
+    print(f"{args.trace.name}: {len(trace.jobs):,} jobs replayed; dropped rows: {dropped}")
     for result in results:
         s = result.summary
         print(
@@ -223,5 +314,13 @@ def run_simulate(args: argparse.Namespace) -> int:
             f"({result.wall_seconds:.1f} s, {result.events / max(result.wall_seconds, 1e-9):,.0f} "
             "events/s)"
         )
+        print(
+            f"{'':<36} evictions {s['evictions']:,} (most on one job "
+            f"{s['max_evictions_per_job']:,}), GPU-time lost to them "
+            f"{s['eviction_gpu_hours_lost']:,.1f} GPU-h = {s['eviction_lost_share']:.2%} "
+            "of GPU-time held"
+        )
+        if result.rejected:
+            print(f"  {NEVER_HELD}: {never_held(result)}")
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0

@@ -22,19 +22,24 @@ NVLink layout or racks; `ALIBABA_GPU_MEMORY_MIB` and `alibaba_node` state what i
 assumed. `fraction` keeps that share of each (model, GPUs per node) group, in file
 order, because the published pod list never uses more than 71 GPUs at once, so the
 full 6,212-GPU cluster never queues anything.
+
+Every node carries the label `nvidia.com/gpu.product` = its GPU model, as GPU feature
+discovery labels real nodes, so a job that accepts several models can say so with node
+affinity (an Alibaba gpu_spec such as `V100M16|V100M32`, see workload.py).
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gangshare.core import Cluster
+from gangshare.core.annotations import GPU_PRODUCT_LABEL
 from gangshare.core.gpu import Gpu
 from gangshare.core.spec import NodeSpec, SpecError, gpu_uuid, parse_cluster_spec
 
@@ -93,7 +98,7 @@ def load_sim_cluster(path: Path, fraction: float = 1.0) -> SimCluster:
         if model not in models:
             raise SpecError(f"--cluster: queues: {queue}: no node has GPU model {model}")
     gpus = sum(len(n.gpus) for n in nodes)
-    queues.cluster = Cluster(n.to_state() for n in nodes)
+    queues.cluster = Cluster(labelled(n).to_state() for n in nodes)
     queues.description = f"{path.name}: {len(nodes)} nodes, {gpus} GPUs"
     return queues
 
@@ -152,6 +157,13 @@ def parse_queues(queues: Any) -> SimCluster:
     )
 
 
+def labelled(node: NodeSpec) -> NodeSpec:
+    """The node with its GPU model as the `nvidia.com/gpu.product` label."""
+    if not node.gpus or GPU_PRODUCT_LABEL in node.labels:
+        return node
+    return replace(node, labels={**node.labels, GPU_PRODUCT_LABEL: node.gpus[0].model})
+
+
 def alibaba_node(name: str, gpus: int, model: str, rack: str) -> NodeSpec:
     """Assumed layout: 8-GPU nodes have two NVLink islands of 4, smaller nodes none (PCIe)."""
     memory = ALIBABA_GPU_MEMORY_MIB.get(model, 16384)
@@ -161,6 +173,7 @@ def alibaba_node(name: str, gpus: int, model: str, rack: str) -> NodeSpec:
         rack=rack,
         gpus=tuple(Gpu(g, gpu_uuid(name, g), model, memory) for g in range(gpus)),
         islands=islands,
+        labels={GPU_PRODUCT_LABEL: model},
     )
 
 
@@ -172,7 +185,8 @@ def alibaba_cluster(path: Path, fraction: float) -> SimCluster:
         raise SpecError(f"--cluster: cannot read {path} ({err.strerror or err})") from None
     needed = {"sn", "gpu", "model"}
     if not rows or not needed <= set(rows[0]):
-        raise SpecError(f"--cluster: {path}: a node list needs columns {sorted(needed)}")
+        lacks = f"missing {sorted(needed - set(rows[0]))}" if rows else "and has no rows"
+        raise SpecError(f"--cluster: {path}: a node list needs columns {sorted(needed)}, {lacks}")
     groups: dict[tuple[str, int], list[str]] = {}
     for line, row in enumerate(rows, start=2):
         try:

@@ -13,14 +13,19 @@ nothing was freed, so everything that waited before still waits.
 Jobs progress at the speed the ledger gives them (1.0 alone on their GPUs), so a
 completion is rescheduled whenever a job's speed changes (a paused opportunistic job,
 duty 0, has none until it moves again). An opportunistic job whose GPU runs out of
-memory (a guaranteed job placed beside it in the same cycle) is evicted and requeued;
-it keeps the work it has done (checkpointed).
+memory (a guaranteed job placed beside it in the same cycle) is evicted and requeued.
+
+An evicted job loses the work since its last checkpoint and its next run restarts first:
+evictions.py holds those books (JobState) and the eviction paths. Settings: config.py.
 
 Under the `cohort` policy a job beyond its queue's quota may run on its cohort's idle
 quota, as an Opportunistic tenant (the core's Admission says so). When a lender's own
 jobs take that quota back, the cycle names borrowers to reclaim (`CycleResult.preemptions`):
-each is evicted whole before the cycle's admissions start, keeps the work it has done,
-and is requeued at its original place in its lane (its queueing delay keeps counting).
+each is evicted whole before the cycle's admissions start, keeps the work it had done
+at its last checkpoint, and is requeued at its original place in its lane (its queueing
+delay keeps counting). A borrower is reclaimable once it has run the policy's minimum
+(`SimConfig.reclaim_min_runtime`; a wake-up event at that moment runs a cycle if its cohort
+is over-lent) and while it has been evicted fewer times than the cap (`max_evictions`).
 
 A job that could not be placed even on the empty cluster, or that asks for more
 guaranteed GPUs than its queue's quota, is rejected on arrival (as the operator's
@@ -37,19 +42,29 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gangshare.core import ServiceClass
 from gangshare.core.clock import ManualClock
 from gangshare.core.coordinator import ControlParams
-from gangshare.core.cycle import Admission, CycleResult
+from gangshare.core.cycle import Admission
 from gangshare.core.estimate import RuntimeEstimator
 from gangshare.core.gang import never_fits
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, policy_refusal
 from gangshare.sim.clusters import SimCluster
 from gangshare.sim.colocation import ColocationModel
+
+# Re-exported: importers have long named SimConfig and its defaults from here.
+from gangshare.sim.config import (
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_MAX_EVICTIONS,
+    DEFAULT_RECLAIM_MIN_RUNTIME,
+    DEFAULT_RESTART_OVERHEAD,
+    DEFAULT_STARVATION,
+    SimConfig,
+)
 from gangshare.sim.decide import borrow_room, decide
+from gangshare.sim.evictions import Counters, Evictions, JobState
 from gangshare.sim.ledger import GpuId, GpuLedger
 from gangshare.sim.metrics import JobRecord, TimeSeries
 from gangshare.sim.pending import PendingIndex
@@ -59,58 +74,26 @@ from gangshare.sim.workload import JobSpec
 if TYPE_CHECKING:
     from gangshare.sim.openmetrics import ReplayMetrics
 
-COMPLETE, TICK = 0, 1
+__all__ = [
+    "DEFAULT_CHECKPOINT_INTERVAL",
+    "DEFAULT_MAX_EVICTIONS",
+    "DEFAULT_RECLAIM_MIN_RUNTIME",
+    "DEFAULT_RESTART_OVERHEAD",
+    "DEFAULT_STARVATION",
+    "MAX_CYCLES_PER_INSTANT",
+    "Counters",
+    "JobState",
+    "SimConfig",
+    "Simulation",
+]
+
+# WAKE: a borrower's minimum run time before reclaim is over.
+COMPLETE, TICK, WAKE = 0, 1, 2
 # A cycle may follow a cycle at one instant (evictions, newly published memory); the bound.
 MAX_CYCLES_PER_INSTANT = 4
 
 
-@dataclass(frozen=True)
-class SimConfig:
-    tolerance: float = 0.05
-    # The coordinator's decision period (ControlParams.period_seconds).
-    control_period: float = ControlParams.period_seconds
-    bin_seconds: float = 3600.0
-    check_invariants: bool = False
-
-
-@dataclass(eq=False)
-class JobState:
-    spec: JobSpec
-    queued: QueuedJob
-    gpus: list[GpuId] = field(default_factory=list)
-    pending_since: float = 0.0
-    queued_for: float = 0.0
-    first_start: float | None = None
-    start: float = 0.0
-    done: float = 0.0
-    speed: float = 0.0
-    updated: float = 0.0
-    version: int = 0
-    evictions: int = 0
-    # Evictions that reclaimed borrowed quota (a subset of `evictions`).
-    reclaims: int = 0
-    held: float = 0.0
-    # Seconds it has run, over all its runs (an evicted job resumes where it stopped).
-    ran: float = 0.0
-
-
-@dataclass
-class Counters:
-    instants: int = 0
-    cycles: int = 0
-    skipped_cycles: int = 0
-    completions: int = 0
-    ticks: int = 0
-    # Every eviction (memory overflow or reclaim), and the reclaims among them.
-    evictions: int = 0
-    reclaims: int = 0
-    # Admissions on borrowed quota.
-    borrowed: int = 0
-    # Backfill reservations the cycles made (a blocked head's claim on GPUs freeing up).
-    reservations: int = 0
-
-
-class Simulation:
+class Simulation(Evictions):
     def __init__(
         self,
         specs: Sequence[JobSpec],
@@ -123,12 +106,16 @@ class Simulation:
         self.setup = setup
         self.cluster = setup.cluster
         self.policy = policy
+        self.config = config = config or SimConfig()
         self.queue_policy: QueuePolicy = policy.queue_policy(
             setup.quotas,
             setup.weights,
             setup.cohorts,
             setup.borrowing_limits,
             setup.lending_limits,
+            reclaim_min_runtime_seconds=config.reclaim_min_runtime,
+            max_evictions_per_job=config.max_evictions,
+            starvation_seconds=config.starvation,
         )
         self._quotas = self.queue_policy.quota_map()
         ordered = sorted(specs, key=lambda s: s.trace.submit)
@@ -137,7 +124,6 @@ class Simulation:
         self.rejected = [s.key for s in ordered if not self._feasible(s)]
         refused = set(self.rejected)
         self.specs = [s for s in ordered if s.key not in refused]
-        self.config = config = config or SimConfig()
         self.clock = ManualClock()
         self.estimator = RuntimeEstimator(self.queue_policy.default_runtime_seconds)
         # As the operator does each pass: estimates of the moment, unless the oracle knows.
@@ -177,7 +163,7 @@ class Simulation:
         if policy_refusal(self.queue_policy, queued) is not None:
             return False
         shape: tuple[object, ...] = (gang.service_class, gang.workers, gang.gpus_per_worker)
-        shape += (gang.gpu_model, gang.gpu_memory_mib, gang.topology)
+        shape += (gang.gpu_model, gang.gpu_memory_mib, gang.topology, gang.constraints)
         if shape not in self._shapes:
             self._shapes[shape] = never_fits(self.cluster, gang) is None
         return self._shapes[shape]
@@ -199,12 +185,14 @@ class Simulation:
                 events[0][0] if events else float("inf"),
             )
             self._advance(now)
-            freed = tick = False
+            freed = tick = wake = False
             while events and events[0][0] <= now:
                 when, _, kind, key, version = heapq.heappop(events)
                 if kind == TICK:
                     tick = True
                     self._ticks.discard(when)
+                elif kind == WAKE:
+                    wake = wake or self._awake(key, when)
                 elif key in self.running and self.jobs[key].version == version:
                     self._finish(self.jobs[key], now)
                     freed = True
@@ -215,7 +203,9 @@ class Simulation:
             while i < len(arrivals) and arrivals[i].trace.submit <= now:
                 arrived.append(self._arrive(arrivals[i], now))
                 i += 1
-            if self.pending and (freed or self._any_may_start(arrived)):
+            if (self.pending and (freed or self._any_may_start(arrived))) or (
+                wake and self._over_lent()
+            ):
                 self._cycles(now)
             elif arrived:
                 self.counters.skipped_cycles += 1
@@ -243,6 +233,9 @@ class Simulation:
                 if settled is not None and settled <= when:
                     return
                 self._ticks.discard(when)
+            elif kind == WAKE:
+                if self._awake(key, when):
+                    return
             elif key in self.running and self.jobs[key].version == version:
                 return
             heapq.heappop(events)
@@ -270,14 +263,17 @@ class Simulation:
             self._ticks.add(when)
             self._push(when, TICK)
 
-    # ----- arrivals and admission ---------------------------------------------------------
+    # ----- arrivals and admission (evictions: evictions.py) -------------------------------
 
     def _arrive(self, spec: JobSpec, now: float) -> QueuedJob:
         trace = spec.trace
         # The true run time under sjf-oracle or oracle-runtimes, else predicted when read.
         estimate = trace.duration if self.policy.exact_runtimes else None
         queued = QueuedJob(spec.key, spec.gang, trace.submit, trace.queue, spec.priority, estimate)
-        self.jobs[spec.key] = JobState(spec, queued, pending_since=now)
+        checkpoint = spec.checkpoint_interval
+        if checkpoint is None:
+            checkpoint = self.config.checkpoint_interval
+        self.jobs[spec.key] = JobState(spec, queued, pending_since=now, checkpoint=checkpoint)
         self.pending.add(queued)
         if self.recorder is not None:
             self.recorder.arrived(spec.key, trace.queue, queued.service_class.value)
@@ -321,33 +317,12 @@ class Simulation:
             if not (evicted or reclaimed or self.pending.opportunistic):
                 return
 
-    def _reclaim(self, result: CycleResult, now: float) -> bool:
-        """Evict the borrowers the cycle reclaims, whole; requeued with their progress kept."""
-        for preemption in result.preemptions:
-            job = self.jobs[preemption.job.key]
-            if not self.running[job.spec.key].borrowed:
-                raise AssertionError(f"{job.spec.key}: reclaimed but not borrowing")
-            self._stop(job, now)
-            job.evictions += 1
-            job.reclaims += 1
-            job.pending_since = now
-            self.pending.add(job.queued)
-            self.counters.evictions += 1
-            self.counters.reclaims += 1
-            if self.recorder is not None:
-                self.recorder.requeued(job.spec.key, "Preempted")
-        return bool(result.preemptions)
-
     def _start(self, admission: Admission, now: float) -> list[GpuId]:
         queued = admission.job  # as the cycle saw it, with the estimate it used
         job = self.jobs[queued.key]
         self.pending.remove(queued.key)
-        job.gpus = [(p.node, g) for p in admission.plan.placements for g in p.gpu_indices]
-        job.queued_for += now - job.pending_since
-        if job.first_start is None:
-            job.first_start = now
-        job.start = job.updated = now
-        job.speed = 0.0
+        gpus = [(p.node, g) for p in admission.plan.placements for g in p.gpu_indices]
+        job.begin_run(gpus, now, self.config.restart_overhead)
         # The class it runs as: Opportunistic on borrowed quota, whatever it asked for.
         cls = admission.service_class
         expected = now + (queued.runtime_estimate or self.queue_policy.default_runtime_seconds)
@@ -360,6 +335,7 @@ class Simulation:
             borrowed=admission.borrowed,
             priority=queued.priority,
             started_at=now,
+            evictions=job.evictions,
         )
         if cls is ServiceClass.GUARANTEED:
             self.usage[queued.queue] = self.usage.get(queued.queue, 0) + queued.gpus
@@ -368,6 +344,8 @@ class Simulation:
             self.borrowed[queued.queue] = self.borrowed.get(queued.queue, 0) + queued.gpus
             self.borrowed_gpus += queued.gpus
             self.counters.borrowed += 1
+            if self.queue_policy.reclaim_min_runtime_seconds > 0:
+                self._push(self._wake_at(now), WAKE, queued.key)
         if self.recorder is not None:
             # As the operator: the wait runs from queuedAt, which a requeue keeps.
             wait = now - job.spec.trace.submit
@@ -376,26 +354,6 @@ class Simulation:
         owners.add(queued.key)
         self._update_speeds(owners, now)
         return job.gpus
-
-    def _evict_overfull(self, gids: list[GpuId], now: float) -> bool:
-        """Evict opportunistic tenants, newest first, from GPUs whose memory no longer fits."""
-        evicted = False
-        for gid in dict.fromkeys(gids):
-            while self.ledger.overfull(gid):
-                tenants = self.ledger.gpus[gid].opportunistic
-                if not tenants:
-                    break
-                newest = max(tenants, key=lambda t: (self.jobs[t.owner].start, t.owner))
-                self._stop(self.jobs[newest.owner], now)
-                job = self.jobs[newest.owner]
-                job.evictions += 1
-                job.pending_since = now
-                self.pending.add(job.queued)
-                self.counters.evictions += 1
-                evicted = True
-                if self.recorder is not None:
-                    self.recorder.requeued(newest.owner, "OpportunisticEvicted")
-        return evicted
 
     # ----- progress and completion --------------------------------------------------------
 
@@ -407,21 +365,21 @@ class Simulation:
             speed = self.ledger.speed_of(owner, job.gpus)
             if speed == job.speed:
                 continue
-            job.done += job.speed * (now - job.updated)
-            job.updated = now
+            job.credit(now)
             job.speed = speed
             job.version += 1
             if speed > 0:  # else paused (duty 0): its end is pushed when it moves again
                 remaining = max(0.0, job.spec.trace.duration - job.done)
-                self._push(now + remaining / speed, COMPLETE, owner, job.version)
+                begin = max(now, job.resume_at)
+                self._push(begin + remaining / speed, COMPLETE, owner, job.version)
+
+    # JobState.credit, under the name it had when it lived here (tests call it so).
+    _credit = staticmethod(JobState.credit)
 
     def _stop(self, job: JobState, now: float) -> None:
         """Take a running job off its GPUs (finished or evicted)."""
         key = job.spec.key
-        job.done += job.speed * (now - job.updated)
-        job.updated = now
-        job.held += len(job.gpus) * (now - job.start)
-        job.ran += now - job.start
+        self.counters.restart_gpu_seconds += job.end_run(now)
         running = self.running.pop(key)
         if running.service_class is ServiceClass.GUARANTEED:
             self.usage[running.queue] -= running.gpus
@@ -444,25 +402,7 @@ class Simulation:
             self.recorder.finished(trace.key)
         # All its runs: the last alone would teach the estimator that an evicted job is short.
         self.estimator.observe(trace.queue, trace.gpus, job.ran)
-        assert job.first_start is not None
-        self.records.append(
-            JobRecord(
-                key=trace.key,
-                queue=trace.queue,
-                service_class=job.queued.service_class.value,
-                gpus=trace.gpus,
-                submit=trace.submit,
-                first_start=job.first_start,
-                end=now,
-                duration=trace.duration,
-                queued=job.queued_for,
-                last_run=now - job.start,
-                evictions=job.evictions,
-                held=job.held,
-                borrowed=borrowed,
-                reclaims=job.reclaims,
-            )
-        )
+        self.records.append(job.record(now, borrowed))
 
     @property
     def unfinished(self) -> list[str]:

@@ -86,7 +86,8 @@ def check_books(sim: Simulation) -> None:
 
 def check_quotas(sim: Simulation) -> None:
     """Guaranteed GPUs per queue within its quota; every cohort lends at least what its
-    queues borrow (after the instant's reclaims); only cohort queues borrow."""
+    queues borrow (after the instant's reclaims) unless none of its borrowers may be
+    reclaimed yet (minimum run time, eviction cap); only cohort queues borrow."""
     policy = sim.queue_policy
     guaranteed = guaranteed_usage(list(sim.running.values()))
     for queue, quota in policy.quota_map().items():
@@ -103,14 +104,37 @@ def check_quotas(sim: Simulation) -> None:
         elif spec.borrowing_limit is not None and borrowed[queue] > spec.borrowing_limit:
             _fail(f"queue {queue} borrows {borrowed[queue]} of at most {spec.borrowing_limit}")
     for cohort in sorted({s.cohort for s in policy.queues.values() if s.cohort is not None}):
-        if book.borrowed_in(cohort) > book.lent(cohort):
+        if book.borrowed_in(cohort) <= book.lent(cohort):
+            continue
+        members = {q.name for q in book.members(cohort)}
+        reclaimable = sorted(
+            j.key
+            for j in sim.running.values()
+            if j.borrowed and j.queue in members and policy.reclaimable(j, sim.clock.now())
+        )
+        if reclaimable:
             _fail(
                 f"cohort {cohort}: borrowers hold {book.borrowed_in(cohort)} GPUs, "
-                f"its queues lend {book.lent(cohort)}"
+                f"its queues lend {book.lent(cohort)}, and {', '.join(reclaimable)} "
+                "could be reclaimed"
             )
+
+
+def check_progress(sim: Simulation) -> None:
+    """A running job's work: its checkpoint <= what it has done <= its solo duration; a run
+    restarts only after an eviction."""
+    for key in sim.running:
+        job = sim.jobs[key]
+        if not -1e-6 <= job.saved <= job.done + 1e-6:
+            _fail(f"job {key}: checkpointed {job.saved} s of work, has done {job.done} s")
+        if job.done > job.spec.trace.duration + 1e-6:
+            _fail(f"job {key}: has done {job.done} s of {job.spec.trace.duration} s")
+        if job.resume_at > job.start and not job.evictions:
+            _fail(f"job {key}: restarts, but was never evicted")
 
 
 def check_state(sim: Simulation) -> None:
     check_gpus(sim)
     check_books(sim)
     check_quotas(sim)
+    check_progress(sim)

@@ -15,6 +15,11 @@ Definitions (the Markdown report repeats them):
 - opportunistic progress = solo GPU-time of opportunistic jobs / share-slot time they
   held (their work-weighted speed while placed, as a fraction of solo); the same over
   the slots beside a guaranteed job only (time-averaged speed there).
+- size classes by a job's GPUs: 1, 2-4, 5-8 and >8 (no Philly job asks for 5-7 GPUs; one
+  that did would take most of a node, as an 8-GPU job does, so it counts with them).
+- GPU-time lost to evictions = (solo-seconds of work lost since the last checkpoint +
+  seconds of restart after an eviction) x GPUs held (share slots for an opportunistic
+  tenant), over the finished jobs; its share is over all the GPU-time they held.
 - Jain's fairness index over queues (virtual clusters) of x_q = mean over the
   queue's finished jobs of (solo duration / JCT): 1.0 when every queue's jobs are
   stretched alike, 1/n when one queue gets all the service.
@@ -48,10 +53,32 @@ class JobRecord:
     borrowed: bool = False
     # Evictions that reclaimed borrowed quota (counted in `evictions` too).
     reclaims: int = 0
+    # Solo-seconds of work its evictions threw away (done since the last checkpoint).
+    lost_work: float = 0.0
+    # GPU-seconds evictions cost it: lost work and restart overheads, x GPUs held.
+    lost_gpu_seconds: float = 0.0
+    # The restart overheads' part of lost_gpu_seconds.
+    restart_gpu_seconds: float = 0.0
 
     @property
     def jct(self) -> float:
         return self.end - self.submit
+
+
+# (label, fewest GPUs, most GPUs or None) of the size classes `by_size` reports.
+SIZE_CLASSES: tuple[tuple[str, int, int | None], ...] = (
+    ("1", 1, 1),
+    ("2-4", 2, 4),
+    ("5-8", 5, 8),
+    (">8", 9, None),
+)
+
+
+def size_class(gpus: int) -> str:
+    for label, low, high in SIZE_CLASSES:
+        if gpus >= low and (high is None or gpus <= high):
+            return label
+    raise ValueError(f"no size class for {gpus} GPUs")
 
 
 def percentile(ordered: Sequence[float], share: float) -> float:
@@ -136,6 +163,29 @@ def summarize_jobs(records: Sequence[JobRecord]) -> dict[str, Any]:
     }
 
 
+def by_size(records: Sequence[JobRecord]) -> dict[str, dict[str, Any]]:
+    """JCT and queueing per size class (every class, empty ones with count 0)."""
+    groups: dict[str, list[JobRecord]] = {label: [] for label, _, _ in SIZE_CLASSES}
+    for r in records:
+        groups[size_class(r.gpus)].append(r)
+    return {label: summarize_jobs(group) for label, group in groups.items()}
+
+
+def eviction_cost(records: Sequence[JobRecord]) -> dict[str, float]:
+    """GPU-time evictions cost the finished jobs, in GPU-hours and as a share of what they held."""
+    held = sum(r.held for r in records)
+    lost = sum(r.lost_gpu_seconds for r in records)
+    restart = sum(r.restart_gpu_seconds for r in records)
+    return {
+        "gpu_hours_held": held / 3600.0,
+        "eviction_gpu_hours_lost": lost / 3600.0,
+        "eviction_lost_work_gpu_hours": (lost - restart) / 3600.0,
+        "eviction_restart_gpu_hours": restart / 3600.0,
+        "eviction_lost_share": lost / held if held else 0.0,
+        "max_evictions_per_job": max((r.evictions for r in records), default=0),
+    }
+
+
 def fairness(records: Sequence[JobRecord]) -> float:
     """Jain's index across queues; undefined (NaN) with fewer than two queues."""
     by_queue: dict[str, list[float]] = {}
@@ -172,6 +222,7 @@ def summarize(
             c: summarize_jobs([r for r in records if r.service_class == c]) for c in classes
         },
         "by_queue": {q: summarize_jobs([r for r in records if r.queue == q]) for q in queues},
+        "by_size": by_size(records),
         "makespan_seconds": makespan,
         "gpu_allocation_rate": totals.get("guaranteed", 0.0) / (gpu_count * span),
         "gpu_occupied_rate": busy / (gpu_count * span),
@@ -195,6 +246,7 @@ def summarize(
         ),
         "evictions": sum(r.evictions for r in records),
         "reclaims": sum(r.reclaims for r in records),
+        **eviction_cost(records),
         # Jobs that finished on borrowed quota (their last run beyond their queue's quota).
         "finished_borrowed": sum(1 for r in records if r.borrowed),
         # Share of opportunistic GPU-time spent beside a guaranteed job (the rest: spare GPUs).

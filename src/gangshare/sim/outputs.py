@@ -99,9 +99,32 @@ def speed_table(results: Sequence[RunResult]) -> list[str]:
     return lines
 
 
+NEVER_HELD = "jobs the cluster can never hold (rejected on arrival)"
+
+
+def never_held(result: RunResult) -> str:
+    """The jobs a replay rejected on arrival, with how many for each reason:
+    `none`, or `3 (2: reason; 1: reason)`; summary.json has them as rejected_jobs and
+    rejected_reasons."""
+    if not result.rejected:
+        return "none"
+    reasons = result.rejected_reasons or {"reason not recorded": len(result.rejected)}
+    why = "; ".join(f"{count:,}: {reason}" for reason, count in reasons.items())
+    return f"{len(result.rejected):,} ({why})"
+
+
+def never_held_lines(results: Sequence[RunResult]) -> list[str]:
+    """One Markdown bullet, or one per policy when the policies reject differently."""
+    said = {never_held(r) for r in results}
+    if len(said) <= 1:
+        return [f"- {NEVER_HELD}: {said.pop() if said else 'none'}"]
+    return [f"- {NEVER_HELD} under {r.policy}: {never_held(r)}" for r in results]
+
+
 def markdown(header: dict[str, Any], results: Sequence[RunResult]) -> str:
     lines = [f"# Replay of {header.get('trace', 'a trace')}", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
+    lines += never_held_lines(results)
     lines += ["", "## JCT and queueing delay (seconds)", "", *jct_table(results)]
     lines += ["", "## Utilization, guarantees, fairness", "", *utilization_table(results)]
     lines += ["", "## By service class", "", *class_table(results)]

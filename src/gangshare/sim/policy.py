@@ -12,12 +12,15 @@
 | antman          | jobs get Guaranteed/Opportunistic classes; opportunistic jobs share GPUs   |
 | oracle-runtimes | true run times for backfill and expected ends, order unchanged (reference) |
 | cohort          | idle quota lent within a cohort; borrowers run Opportunistic, reclaimable  |
+| pool            | one pool without quotas: every queue keeps its lanes, none has a quota     |
 
 Without `antman` every job is Guaranteed on whole GPUs (no sharing). Orderings
 exclude each other; the rest combine, e.g. `multi-queue,backfill,antman`. `oracle-runtimes`
 is implied by sjf-oracle and refused with qssf (one estimate per job both orders and reserves).
 `cohort` puts every queue of the cluster spec that has a quota in one cohort, `all`, unless
-the spec names cohorts (`queues[].cohort`); without it quotas are hard walls.
+the spec names cohorts (`queues[].cohort`); without it quotas are hard walls. `pool` drops
+the spec's quotas (its weights stay, for fair-share): nothing is guaranteed to a queue,
+nothing is borrowed or reclaimed; it excludes `cohort`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ ORDERINGS = {
     "sjf": Ordering.SHORTEST,
     "sjf-oracle": Ordering.SHORTEST,
 }
-FEATURES = ("multi-queue", "fair-share", "backfill", "antman", "cohort", "oracle-runtimes")
+FEATURES = (
+    "multi-queue",
+    "fair-share",
+    "backfill",
+    "antman",
+    "cohort",
+    "pool",
+    "oracle-runtimes",
+)
 # The cohort `cohort` puts every queue with a quota in when the spec names none.
 DEFAULT_COHORT = "all"
 NAMES = (*ORDERINGS, *FEATURES)
@@ -63,6 +74,8 @@ class SimPolicy:
     antman: bool = False
     # Queues lend idle quota to their cohort (QueuePolicy.queues with cohorts).
     cohort: bool = False
+    # No queue has a quota (the cluster spec's are ignored); lanes stay per queue.
+    pool: bool = False
 
     @property
     def exact_runtimes(self) -> bool:
@@ -76,7 +89,14 @@ class SimPolicy:
         cohorts: Mapping[str, str] | None = None,
         borrowing_limits: Mapping[str, int] | None = None,
         lending_limits: Mapping[str, int] | None = None,
+        *,
+        reclaim_min_runtime_seconds: float = 0.0,
+        max_evictions_per_job: int | None = None,
+        starvation_seconds: float | None = None,
     ) -> QueuePolicy:
+        """The core's policy; the last two bound reclaim (QueuePolicy.reclaimable)."""
+        if self.pool:
+            quotas = {}
         queues: dict[str, QueueSpec] = {}
         if self.cohort:
             named = dict(cohorts or {})
@@ -101,6 +121,9 @@ class SimPolicy:
             weights=dict(weights),
             default_runtime_seconds=DEFAULT_RUNTIME_SECONDS,
             queues=queues,
+            reclaim_min_runtime_seconds=reclaim_min_runtime_seconds,
+            max_evictions_per_job=max_evictions_per_job,
+            starvation_seconds=starvation_seconds,
         )
 
 
@@ -122,6 +145,11 @@ def parse_policy(text: str) -> SimPolicy:
             "them exact; use sjf-oracle for that"
         )
     features = [f for f in FEATURES if f in tokens]
+    if "pool" in features and "cohort" in features:
+        raise PolicyError(
+            "--policy: pool has no quotas and cohort lends quotas; pick one "
+            "(pool: one pool, no quotas; cohort: quotas, idle ones lent)"
+        )
     if order == "sjf-oracle":
         features = [f for f in features if f != "oracle-runtimes"]  # already so
     name = ",".join(([order] if orders or not features else []) + features)
@@ -134,5 +162,6 @@ def parse_policy(text: str) -> SimPolicy:
         backfill="backfill" in features,
         antman="antman" in features,
         cohort="cohort" in features,
+        pool="pool" in features,
         oracle_runtimes="oracle-runtimes" in features,
     )

@@ -115,6 +115,7 @@ EXPERIMENTS = (
         "examples/clusters/philly-helios-3of16.yaml",
         (
             "fifo",
+            "fifo,pool",
             "fifo,cohort",
             FULL_STACK,
             COHORT_STACK,

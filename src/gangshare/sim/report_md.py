@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 
 from gangshare.core.coordinator import ControlParams
 from gangshare.sim.engine import SimConfig
-from gangshare.sim.outputs import class_table, jct_table, speed_table, utilization_table
+from gangshare.sim.outputs import (
+    class_table,
+    jct_table,
+    never_held,
+    speed_table,
+    utilization_table,
+)
 from gangshare.sim.policy import __doc__ as POLICY_DOC
 from gangshare.sim.report_cohort import cohort_section, plot_links
 from gangshare.sim.report_compare import (
@@ -37,9 +43,9 @@ def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
         e = o.experiment
         window = f" submitted {e.window.replace(',', ' .. ')}" if e.window else ""
         dropped = ", ".join(f"{n:,} {why}" for why, n in o.trace.dropped.items()) or "none"
-        rejected = len(o.results[0].rejected)
-        if rejected:
-            dropped += f"; {rejected:,} rejected (larger than any placement or quota)"
+        if o.results[0].rejected:  # gpu_spec reasons hold "|": escaped for the table
+            never = f"rejected on arrival: {never_held(o.results[0])}".replace("|", "\\|")
+            dropped = never if dropped == "none" else f"{dropped}; {never}"
         lines.append(
             f"| `{e.name}` | `{e.trace}`{window} | {o.cluster} | {len(o.trace.jobs):,} "
             f"| {dropped} |"
@@ -91,8 +97,17 @@ def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
         "guaranteed job, its opportunistic tenants are paused for as long as the law takes to",
         f"settle (its decisions x {period:g} s, under a minute), then run at d; with no",
         "guaranteed job nothing is capped. A gang moves at its slowest GPU's speed. An",
-        "opportunistic job whose GPU runs out of memory is evicted and",
-        "requeued with its progress kept.",
+        "opportunistic job whose GPU runs out of memory is evicted and requeued.",
+        "",
+        "### What an eviction costs",
+        "",
+        "A memory eviction or a reclaim keeps the work done up to the job's last checkpoint (one",
+        "every 30 minutes of each run, `--checkpoint-interval`), loses the rest, and the next run",
+        "first holds its GPUs for a 120 s restart (`--restart-overhead`); GPU-time lost = (work",
+        "lost + restart) x GPUs held. Reclaim never evicts a borrower that has run less than 30",
+        "minutes (`--reclaim-min-runtime`, KAI-Scheduler's minimum runtime); no cap on evictions",
+        "per job (`--max-evictions`: a capped borrower keeps its lenders' quota to its end, and",
+        "every cap measured raised queueing; docs/simulator.md has the table).",
         "",
         "### Metrics",
         "",
@@ -208,9 +223,13 @@ def usage_section() -> list[str]:
         "for one row per job). Other flags: `--window START,END` (Philly), `--limit N`,",
         "`--cluster-fraction F` (node list CSV), `--opportunistic-fraction`, `--tolerance`,",
         "`--control-period`, `--colocation DIR`, `--check-invariants` (checks every GPU after",
-        "every event; for small replays). `--trace` reads the Philly table, an Alibaba 2023 pod",
-        "list, or a generic CSV with columns `submit_time,duration,num_gpus` (seconds, seconds,",
-        "GPUs) and optional `job_id,queue,service_class,priority,gpu_memory_mib`. `--cluster`",
+        "every event; for small replays); what an eviction costs and how reclaim is bounded:",
+        "`--checkpoint-interval` (1800 s), `--restart-overhead` (120 s), `--reclaim-min-runtime`",
+        "(1800 s), `--max-evictions` (none), and `--starvation` (none). `--trace` reads the",
+        "Philly table, an Alibaba 2023 pod list (its `gpu_spec` honoured where present), or a",
+        "generic CSV with columns `submit_time,duration,num_gpus` (seconds, seconds, GPUs) and",
+        "optional `job_id,queue,service_class,priority,gpu_memory_mib,checkpoint_interval`.",
+        "`--cluster`",
         "reads a cluster spec (`nodePools` as for `gangshare plan`, plus `queues` with `quota`,",
         "`weight`, `gpuModel`, `cohort`, `borrowingLimit` and `lendingLimit`) or an Alibaba",
         "node list. A bad file, column or policy ends with one line naming the flag and field,",

@@ -5,22 +5,27 @@ The format is recognised from the header:
 - Philly (Pollux preparation): timestamp, duration, num_gpus, gpu_time, cluster.
   `cluster` is the virtual cluster (VC); it becomes the job's queue.
 - Alibaba GPU 2023 (openb_pod_list_*.csv): name, num_gpu, gpu_milli, qos,
-  creation_time, scheduled_time, deletion_time. A pod ran from scheduled_time to
-  deletion_time; pods that never ran (no scheduled_time) and CPU-only pods are
-  left out and counted in `Trace.dropped`.
+  creation_time, scheduled_time, deletion_time, and optionally gpu_spec. A pod ran
+  from scheduled_time to deletion_time; pods that never ran (no scheduled_time) and
+  CPU-only pods are left out and counted in `Trace.dropped`. gpu_spec (the gpuspec
+  variants) names the GPU models a pod may run on, `|`-separated (`V100M16|V100M32`:
+  either); empty or `nan` means any. Names are kept as written: they are the node
+  list's `model` names.
 - Generic: submit_time, duration, num_gpus (seconds, seconds, GPUs), and
   optionally job_id, queue, service_class (Guaranteed | Opportunistic),
-  priority (integer, higher first), gpu_memory_mib.
+  priority (integer, higher first), gpu_memory_mib, checkpoint_interval (seconds of
+  a run between two checkpoints: what an eviction may lose; 0: no loss).
 
 Every error names the flag, the line and the field, e.g.
-`--trace: line 12: duration: must be a positive number, got 'x'`.
+`--trace: line 12: duration: must be a positive number, got 'x'`; a header that fits
+no format names, for each format, the columns it lacks.
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -59,6 +64,10 @@ class TraceJob:
     service_class: ServiceClass | None = None
     priority: int = 0
     gpu_memory_mib: int | None = None
+    # Generic: seconds of a run between two checkpoints; None: the simulator's flag.
+    checkpoint_interval: float | None = None
+    # Alibaba gpu_spec: the GPU models the job may run on (any one of them); empty: any.
+    gpu_models: tuple[str, ...] = ()
 
 
 @dataclass
@@ -75,13 +84,23 @@ class Trace:
         """The first `count` jobs by submission (for scaling runs)."""
         return Trace(self.kind, self.source, self.jobs[:count], dict(self.dropped), self.epoch)
 
+    @property
+    def pinned(self) -> int:
+        """Jobs that name the GPU models they may run on (Alibaba gpu_spec)."""
+        return sum(1 for j in self.jobs if j.gpu_models)
+
 
 def detect_format(columns: set[str]) -> str:
     for kind, needed in FORMATS.items():
         if needed <= columns:
             return kind
-    wanted = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in FORMATS.items())
-    raise TraceError(f"--trace: unrecognised columns {sorted(columns)}; expected one of ({wanted})")
+    # The closest format (most columns found, then fewest missing) first: likely the one meant.
+    closest = sorted(FORMATS, key=lambda k: (-len(FORMATS[k] & columns), len(FORMATS[k] - columns)))
+    lacks = "; ".join(f"{k} lacks {', '.join(sorted(FORMATS[k] - columns))}" for k in closest)
+    raise TraceError(
+        f"--trace: unrecognised columns {sorted(columns)}; missing column(s) for each "
+        f"format: {lacks}"
+    )
 
 
 def load_trace(
@@ -95,7 +114,10 @@ def load_trace(
             kind = kind or detect_format(columns)
             missing = FORMATS[kind] - columns
             if missing:
-                raise TraceError(f"--trace: {kind} trace needs column(s) {sorted(missing)}")
+                raise TraceError(
+                    f"--trace: {kind} trace needs column(s) {sorted(missing)}, missing from "
+                    f"{sorted(columns)}"
+                )
             rows = _numbered(reader)
             if kind == "philly":
                 trace = _philly(rows, str(path), window)
@@ -159,18 +181,7 @@ def _sorted(jobs: list[TraceJob]) -> list[TraceJob]:
 def _shift(job: TraceJob, first: float) -> TraceJob:
     if first == 0:
         return job
-    return TraceJob(
-        job.key,
-        job.submit - first,
-        job.duration,
-        job.gpus,
-        job.queue,
-        job.qos,
-        job.gpu_milli,
-        job.service_class,
-        job.priority,
-        job.gpu_memory_mib,
-    )
+    return replace(job, submit=job.submit - first)
 
 
 def _count(dropped: dict[str, int], reason: str) -> None:
@@ -248,9 +259,20 @@ def _alibaba(rows: Iterator[tuple[int, Mapping[str, str]]], source: str) -> Trac
                 gpus=gpus,
                 qos=qos,
                 gpu_milli=milli,
+                gpu_models=gpu_models(optional(row, "gpu_spec")),
             )
         )
     return Trace("alibaba", source, _sorted(jobs), dropped)
+
+
+def gpu_models(spec: str) -> tuple[str, ...]:
+    """gpu_spec's models, sorted and once each: `V100M32|V100M16` -> (V100M16, V100M32).
+
+    Empty and `nan` (how pandas writes an empty cell) mean no constraint.
+    """
+    if spec.lower() == "nan":
+        return ()
+    return tuple(sorted({m.strip() for m in spec.split("|") if m.strip()}))
 
 
 def _service_class(raw: str, line: int) -> ServiceClass | None:
@@ -276,6 +298,7 @@ def _generic(rows: Iterator[tuple[int, Mapping[str, str]]], source: str) -> Trac
             raise TraceError(f"--trace: line {line}: job_id: {key!r} appears twice")
         seen.add(key)
         memory = optional(row, "gpu_memory_mib")
+        checkpoint = optional(row, "checkpoint_interval")
         priority = optional(row, "priority")
         jobs.append(
             TraceJob(
@@ -287,6 +310,9 @@ def _generic(rows: Iterator[tuple[int, Mapping[str, str]]], source: str) -> Trac
                 service_class=_service_class(optional(row, "service_class"), line),
                 priority=int(_number(row, line, "priority")) if priority else 0,
                 gpu_memory_mib=_integer(row, line, "gpu_memory_mib", 1) if memory else None,
+                checkpoint_interval=(
+                    _number(row, line, "checkpoint_interval") if checkpoint else None
+                ),
             )
         )
     return Trace("generic", source, _sorted(jobs))

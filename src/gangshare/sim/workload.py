@@ -11,9 +11,20 @@ Class rules (only under the `antman` policy; otherwise every job is Guaranteed):
 Priority: Alibaba from qos (Guaranteed 3, LS 2, Burstable 1, BE 0); generic from
 its column; Philly has none, so a seeded 20% of its jobs get priority 1 (synthetic).
 
+Checkpoint interval: the generic CSV's checkpoint_interval column; Philly and Alibaba
+have none, so their jobs use `gangshare simulate --checkpoint-interval`.
+
 Every job runs one workload drawn from (seed, job key) among the measured
 co-location configurations; it gives the job's solo utilization and memory and its
 speeds beside others. Draws hash the key, so they do not depend on trace order.
+
+GPU models: a queue's `gpuModel` (cluster spec) pins its jobs, as a TrainingJob's
+`gpuModel` does. An Alibaba pod's gpu_spec does the same when it names one model; the
+core's `gpu_model` takes only one, so a pod that accepts several (`V100M16|V100M32`)
+asks instead, as a TrainingJob's template would, for required node affinity
+`nvidia.com/gpu.product In (V100M16, V100M32)`: any node of any of those models will
+do (the simulator labels each node with its GPU model). A pod whose models no node
+has can never run; it is rejected on arrival and reported with that reason.
 """
 
 from __future__ import annotations
@@ -22,6 +33,14 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gangshare.core.annotations import GPU_PRODUCT_LABEL
+from gangshare.core.constraints import (
+    UNCONSTRAINED,
+    PodConstraints,
+    Requirement,
+    SelectorOperator,
+    SelectorTerm,
+)
 from gangshare.core.job import GangRequest, ServiceClass
 from gangshare.sim.colocation import ColocationModel
 from gangshare.sim.trace import Trace, TraceJob
@@ -37,6 +56,8 @@ class JobSpec:
     gang: GangRequest
     workload: int
     priority: int
+    # Seconds of a run between two checkpoints (the trace's); None: the simulator's flag.
+    checkpoint_interval: float | None = None
 
     @property
     def key(self) -> str:
@@ -84,6 +105,20 @@ def priority(job: TraceJob, kind: str, seed: int) -> int:
     return job.priority
 
 
+def model_constraints(
+    models: tuple[str, ...], pin: str | None
+) -> tuple[str | None, PodConstraints]:
+    """(gpu_model, constraints) for a job that may run on `models` (empty: any) in a queue
+    pinned to `pin`: one model is the core's gpu_model; several are a node affinity on
+    the GPU model label (a pin outside them leaves the job nowhere to run)."""
+    if not models or (pin is not None and pin in models):
+        return pin, UNCONSTRAINED
+    if len(models) == 1 and pin is None:
+        return models[0], UNCONSTRAINED
+    term = SelectorTerm((Requirement(GPU_PRODUCT_LABEL, SelectorOperator.IN, models),))
+    return pin, PodConstraints(affinity=(term,), resources=())
+
+
 def prepare_jobs(
     trace: Trace,
     model: ColocationModel,
@@ -102,6 +137,8 @@ def prepare_jobs(
     """
     pins = pins or {}
     specs = []
+    # Affinities repeat (a handful of gpu_spec values): one object each, shared.
+    models: dict[tuple[tuple[str, ...], str | None], tuple[str | None, PodConstraints]] = {}
     for job in trace.jobs:
         cls = (
             service_class(job, trace.kind, seed, opportunistic_fraction)
@@ -111,13 +148,20 @@ def prepare_jobs(
         work = int(seeded_unit(seed, "workload", job.key) * len(model))
         workers, per_worker = gang_shape(job.gpus)
         memory = job.gpu_memory_mib or model.workloads[work].memory_mib
+        asked = (job.gpu_models, pins.get(job.queue))
+        if asked not in models:
+            models[asked] = model_constraints(*asked)
+        gpu_model, constraints = models[asked]
         gang = GangRequest(
             owner=job.key,
             workers=workers,
             gpus_per_worker=per_worker,
             service_class=cls,
             gpu_memory_mib=memory if declare_memory or cls is ServiceClass.OPPORTUNISTIC else None,
-            gpu_model=pins.get(job.queue),
+            gpu_model=gpu_model,
+            constraints=constraints,
         )
-        specs.append(JobSpec(job, gang, work, priority(job, trace.kind, seed)))
+        specs.append(
+            JobSpec(job, gang, work, priority(job, trace.kind, seed), job.checkpoint_interval)
+        )
     return specs

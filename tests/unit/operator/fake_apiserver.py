@@ -121,6 +121,8 @@ class FakeApiServer:
 
     def create_namespaced_pod(self, namespace: str, body: dict[str, Any], **_: Any) -> Raw:
         self._call("create_namespaced_pod", body["metadata"]["name"])
+        if body["metadata"]["name"] in self.pods:
+            raise ApiException(status=409, reason="AlreadyExists")
         self.pods[body["metadata"]["name"]] = body
         return Raw(body)
 

@@ -16,6 +16,10 @@ from gangshare.sim.trace import TraceJob
 from gangshare.sim.workload import JobSpec, gang_shape
 
 G, OPP = ServiceClass.GUARANTEED, ServiceClass.OPPORTUNISTIC
+# Evictions that cost nothing (a checkpoint at every instant, no restart) and reclaim at
+# once (no minimum run time): for answers worked by hand about something else than what an
+# eviction costs (test_sim_eviction_cost.py has those).
+FREE_EVICTIONS = SimConfig(checkpoint_interval=0.0, restart_overhead=0.0, reclaim_min_runtime=0.0)
 
 
 def model() -> ColocationModel:

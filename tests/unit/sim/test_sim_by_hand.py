@@ -1,7 +1,7 @@
 """Small traces whose answers are worked out by hand in the comments."""
 
 import pytest
-from simkit import OPP, by_key, job, setup, simulate
+from simkit import FREE_EVICTIONS, OPP, by_key, job, setup, simulate
 
 from gangshare.core.coordinator import ControlParams
 from gangshare.core.settle import settle
@@ -110,9 +110,10 @@ def test_an_opportunistic_job_is_evicted_when_memory_runs_out_and_keeps_its_work
     # One GPU of 5,000 MiB. O (2,000 MiB) takes it at t=0. G (4,000 MiB) arrives at t=10 and
     # owns the GPU (guaranteed), so O is evicted after 10 s of work and requeued; beside G
     # only 5000 - 4000 - 500 (10% headroom) = 500 MiB is lent, so O waits for G (10-60),
-    # then finishes its last 90 s: 60-150.
+    # then finishes its last 90 s: 60-150. (Free evictions: test_sim_eviction_cost.py
+    # has the same replay with its cost.)
     jobs = [job("O", 0, 100, cls=OPP, workload=1), job("G", 10, 50)]
-    sim = simulate(jobs, setup(gpus=1, memory_mib=5000))
+    sim = simulate(jobs, setup(gpus=1, memory_mib=5000), config=FREE_EVICTIONS)
     assert by_key(sim) == {"G": (10, 60, 0), "O": (0, 150, 50)}
     assert sim.counters.evictions == 1
     (record,) = [r for r in sim.records if r.key == "O"]

@@ -9,7 +9,7 @@ import copy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from simkit import OPP, by_key, job, setup, simulate
+from simkit import FREE_EVICTIONS, OPP, by_key, job, setup, simulate
 
 import gangshare.sim.engine as engine
 from gangshare.core import Cluster, GangRequest, Gpu, NodeState, ServiceClass
@@ -19,6 +19,7 @@ from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, policy_r
 from gangshare.core.queues import QueueSpec
 from gangshare.sim.clusters import load_sim_cluster
 from gangshare.sim.decide import decide, quota_headroom
+from gangshare.sim.engine import SimConfig
 from gangshare.sim.pending import PendingIndex
 from gangshare.sim.policy import parse_policy
 
@@ -49,8 +50,9 @@ def test_a_lenders_arrival_reclaims_the_borrower_which_keeps_its_progress():
     # borrowed, and A2 is evicted whole with 50 s of its 100 s done. A2 waits in its lane
     # (a's quota is A1's until t=100; nothing left to borrow), then runs its last 50 s within
     # a's quota: 100-150. Its queueing delay is the 50 s it waited after the eviction.
+    # (Free evictions; test_sim_eviction_cost.py prices this one.)
     jobs = [*IDLE_LENDER, job("B1", 50, 100, 2, queue="b")]
-    sim = simulate(jobs, setup(gpus=4, quotas=QUOTAS), "fifo,cohort")
+    sim = simulate(jobs, setup(gpus=4, quotas=QUOTAS), "fifo,cohort", FREE_EVICTIONS)
     assert by_key(sim) == {"A1": (0, 100, 0), "A2": (0, 150, 50), "B1": (50, 150, 0)}
     a2 = next(r for r in sim.records if r.key == "A2")
     assert (a2.evictions, a2.reclaims, a2.borrowed, a2.last_run) == (1, 1, False, 50)
@@ -66,10 +68,11 @@ def test_the_least_progressed_borrower_is_reclaimed_first():
         job("A3", 10, 100, 1, queue="a"),
         job("B1", 20, 10, 1, queue="b"),
     ]
-    sim = simulate(jobs, setup(gpus=4, quotas=QUOTAS), "fifo,cohort")
+    sim = simulate(jobs, setup(gpus=4, quotas=QUOTAS), "fifo,cohort", FREE_EVICTIONS)
     reclaimed = {r.key: r.reclaims for r in sim.records}
     assert reclaimed == {"A1": 0, "A2": 0, "A3": 1, "B1": 0}
-    # B1 ends at 30 and lends its GPU again: A3 borrows it back at once with 10 s done.
+    # B1 ends at 30 and lends its GPU again: A3 borrows it back at once with 10 s done
+    # (evictions are free here).
     assert by_key(sim)["A3"] == (10, 120, 10)
 
 
@@ -112,15 +115,22 @@ def mixed_trace(count: int, seed: int) -> list:
     return jobs
 
 
+# Eviction costs and reclaim limits at the scale of mixed_trace's jobs (20-700 s).
+SCALED_COSTS = SimConfig(
+    checkpoint_interval=50.0, restart_overhead=10.0, reclaim_min_runtime=100.0, max_evictions=3
+)
+
+
+@pytest.mark.parametrize("config", [FREE_EVICTIONS, SCALED_COSTS], ids=["free", "costed"])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(
     "policy",
     ["fifo,cohort", "multi-queue,fair-share,backfill,antman,cohort", "sjf-oracle,backfill,cohort"],
 )
-def test_no_job_is_lost_and_invariants_hold_throughout(policy, seed):
+def test_no_job_is_lost_and_invariants_hold_throughout(policy, seed, config):
     jobs = mixed_trace(80, seed)
     quotas = {"a": 8, "b": 8, "c": 4}
-    sim = simulate(jobs, setup(nodes=3, gpus=8, racks=2, quotas=quotas), policy)
+    sim = simulate(jobs, setup(nodes=3, gpus=8, racks=2, quotas=quotas), policy, config)
     finished = {r.key for r in sim.records}
     assert finished | set(sim.rejected) == {j.key for j in jobs}
     assert not finished & set(sim.rejected)
@@ -130,7 +140,8 @@ def test_no_job_is_lost_and_invariants_hold_throughout(policy, seed):
     assert sim.counters.borrowed > 0
 
 
-def test_every_cycle_with_cohorts_matches_the_operators_cycle(monkeypatch):
+@pytest.mark.parametrize("config", [FREE_EVICTIONS, SCALED_COSTS], ids=["free", "costed"])
+def test_every_cycle_with_cohorts_matches_the_operators_cycle(monkeypatch, config):
     """decide() prunes the pending jobs; with borrowing it must still decide what the core does."""
     seen = []
 
@@ -151,6 +162,7 @@ def test_every_cycle_with_cohorts_matches_the_operators_cycle(monkeypatch):
         jobs,
         setup(nodes=3, gpus=8, racks=2, quotas={"a": 8, "b": 8, "c": 4}),
         "multi-queue,fair-share,backfill,antman,cohort",
+        config,
     )
     assert len(sim.records) + len(sim.rejected) == 80
     assert sim.counters.reclaims > 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from simkit import job, model, setup
+from simkit import FREE_EVICTIONS, job, model, setup
 
 import dashboards
 from gangshare.cli import main
@@ -72,7 +72,7 @@ def by_hand() -> tuple[ReplayMetrics, Series]:
     jobs = [job("A1", 0, 100, 2, queue="a"), job("A2", 0, 100, 2, queue="a")]
     jobs.append(job("B1", 50, 100, 2, queue="b"))
     build = setup(gpus=4, quotas={"a": 2, "b": 2})
-    sim = Simulation(jobs, build(), parse_policy("fifo,cohort"), model())
+    sim = Simulation(jobs, build(), parse_policy("fifo,cohort"), model(), FREE_EVICTIONS)
     sim.recorder = recorder = ReplayMetrics(step=25)
     sim.run()
     out = io.StringIO()

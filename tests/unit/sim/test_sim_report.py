@@ -64,23 +64,31 @@ def test_an_unknown_experiment_name_is_a_one_line_error(capsys):
     assert capsys.readouterr().err.startswith("error: --only: no experiment of that name")
 
 
-def test_the_cohort_section_compares_before_after_and_the_oracle():
+def test_the_cohort_section_compares_before_after_the_baselines_and_the_oracle():
     from gangshare.sim.report_cohort import AFTER, AFTER_QSSF, BEFORE, ORACLE
 
     trace = tiny_trace()
-    policies = [BEFORE, "fifo,cohort", AFTER, AFTER_QSSF, ORACLE]
+    policies = [BEFORE, "fifo,pool", "fifo,cohort", AFTER, AFTER_QSSF, ORACLE]
     build = setup(nodes=2, gpus=4, quotas={"vc-a": 4, "vc-b": 4})
     results = [simulate(trace, build, parse_policy(p), model(), seed=1) for p in policies]
     assert [r.policy for r in results] == policies
     cohort = Outcome(NAMED["philly-cohort"], trace, "2 nodes, 8 GPUs", results)
     text = results_markdown([cohort], 60.0, 2)
     assert "## Cohorts on a backlogged cluster" in text
-    before, after, oracle = (results[i].summary for i in (0, 2, 4))
-    ratio = before["queueing"]["mean"] / after["queueing"]["mean"]
+    pool, after, oracle = (results[i].summary for i in (1, 3, 5))
+    ratio = pool["queueing"]["mean"] / after["queueing"]["mean"]
     jct = after["jct"]["mean"] / oracle["jct"]["mean"]
-    assert f"- `{AFTER}`: average queueing {ratio:,.1f}x below exclusive FIFO" in text
-    assert f"average JCT {jct:.4f}x the oracle's" in text
+    assert f"- `{AFTER}`: average queueing {ratio:,.1f}x below `fifo,pool`" in text
+    assert f"average JCT {jct:.3f}x the oracle's" in text
     row = f"| {AFTER} | "
     assert f"{after['queueing']['mean']:,.0f} | {after['queueing']['p99']:,.0f} |" in text
-    assert text.count(row) >= 2  # the headline table and the JCT table
-    assert results[2].counters.borrowed > 0  # vc-a and vc-b lent each other idle quota
+    # The headline, baseline, size, eviction and JCT tables each have a row per policy.
+    assert text.count(row) >= 5
+    sizes = after["by_size"]
+    cells = " | ".join(
+        f"{s['queueing']['mean']:,.0f} / {s['queueing']['p99']:,.0f}" if s["jct"]["count"] else "-"
+        for s in (sizes[k] for k in ("1", "2-4", "5-8", ">8"))
+    )
+    assert f"| {AFTER} | {cells} |" in text
+    assert f"| {after['evictions']:,} | {after['reclaims']:,} |" in text
+    assert results[3].counters.borrowed > 0  # vc-a and vc-b lent each other idle quota
