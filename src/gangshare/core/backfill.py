@@ -34,19 +34,13 @@ class Reservation:
     quota_start: float = 0.0
     quota_extra: int = 0
 
-    def refusal(self, queue: str, gpus: int, ends: float) -> str | None:
-        """Why a guaranteed job of `queue` ending at `ends` would delay this head; None if not."""
-        if ends > self.start and gpus > self.extra:
-            return (
-                f"backfill: would delay {self.head}, which holds a reservation "
-                f"from t={self.start:.0f}s"
-            )
-        if self.queue == queue and ends > self.quota_start and gpus > self.quota_extra:
-            return (
-                f"backfill: would spend queue {queue}'s quota reserved for {self.head} "
-                f"from t={self.quota_start:.0f}s"
-            )
-        return None
+    def takes_gpus(self, gpus: int, ends: float) -> bool:
+        """A job of `gpus` ending at `ends` would leave the head too few GPUs at its start."""
+        return ends > self.start and gpus > self.extra
+
+    def takes_quota(self, queue: str, gpus: int, ends: float) -> bool:
+        """A job of `queue` would spend quota the head is promised."""
+        return self.queue == queue and ends > self.quota_start and gpus > self.quota_extra
 
     def hold(self, queue: str, gpus: int, ends: float) -> None:
         """Count a job admitted beside the reservation against what it leaves to spare."""
@@ -66,19 +60,22 @@ class BackfillRefusal:
 def backfill_refusal(
     reservations: Sequence[Reservation], queue: str, gpus: int, ends: float
 ) -> BackfillRefusal | None:
-    """Why a guaranteed job may not start now beside the reservations; None when it may."""
-    quota_only = True
-    first: str | None = None
-    for reservation in reservations:
-        reason = reservation.refusal(queue, gpus, ends)
-        if reason is None:
-            continue
-        first = first or reason
-        if ends > reservation.start and gpus > reservation.extra:
-            quota_only = False
-            first = reason
-            break
-    return None if first is None else BackfillRefusal(first, quota_only)
+    """Why a guaranteed job may not start now beside the reservations; None when it may.
+    A head's GPUs are named before a queue's quota: only the quota may be borrowed around."""
+    for r in reservations:
+        if r.takes_gpus(gpus, ends):
+            reason = (
+                f"backfill: would delay {r.head}, which holds a reservation from t={r.start:.0f}s"
+            )
+            return BackfillRefusal(reason, quota_only=False)
+    for r in reservations:
+        if r.takes_quota(queue, gpus, ends):
+            reason = (
+                f"backfill: would spend queue {queue}'s quota reserved for {r.head} "
+                f"from t={r.quota_start:.0f}s"
+            )
+            return BackfillRefusal(reason, quota_only=True)
+    return None
 
 
 def hold_all(reservations: Sequence[Reservation], queue: str, gpus: int, ends: float) -> None:

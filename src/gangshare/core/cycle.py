@@ -328,40 +328,38 @@ class _Cycle:
 
     def _guaranteed_endings(self) -> list[tuple[float, int]]:
         if self._ending is None:
-            ends = [
-                (
-                    job.expected_end
-                    if job.expected_end is not None
-                    else self.now + self.policy.default_runtime_seconds,
-                    job.gpus,
-                )
-                for job in self.running
-                if job.service_class is ServiceClass.GUARANTEED
-            ]
-            # Jobs admitted earlier in this cycle hold GPUs too, and free them by their estimate.
-            ends += [
-                (self.now + self._estimate(a.job), a.job.gpus)
-                for a in self.result.admitted
-                if a.service_class is ServiceClass.GUARANTEED
-            ]
-            self._ending = sorted(ends)
+            self._build_endings()
+        assert self._ending is not None
         return self._ending
 
     def _queue_endings(self, queue: str) -> list[tuple[float, int]]:
         if self._queue_ending is None:
-            by_queue: dict[str, list[tuple[float, int]]] = {}
-            for job in self.running:
-                if job.service_class is ServiceClass.GUARANTEED and not job.borrowed:
-                    end = job.expected_end
-                    if end is None:
-                        end = self.now + self.policy.default_runtime_seconds
-                    by_queue.setdefault(job.queue, []).append((end, job.gpus))
-            for a in self.result.admitted:
-                if a.service_class is ServiceClass.GUARANTEED and not a.borrowed:
-                    ends = self.now + self._estimate(a.job)
-                    by_queue.setdefault(a.job.queue, []).append((ends, a.job.gpus))
-            self._queue_ending = {q: sorted(ends) for q, ends in by_queue.items()}
+            self._build_endings()
+        assert self._queue_ending is not None
         return self._queue_ending.get(queue, [])
+
+    def _build_endings(self) -> None:
+        """(expected end, GPUs) of every guaranteed job, and per queue of those on its own
+        quota, in one pass: jobs admitted earlier in this cycle hold GPUs too, and free them
+        by their estimate."""
+        ends: list[tuple[float, int]] = []
+        by_queue: dict[str, list[tuple[float, int]]] = {}
+        held = [
+            (job.queue, job.expected_end, job.gpus, job.borrowed)
+            for job in self.running
+            if job.service_class is ServiceClass.GUARANTEED
+        ] + [
+            (a.job.queue, self.now + self._estimate(a.job), a.job.gpus, a.borrowed)
+            for a in self.result.admitted
+            if a.service_class is ServiceClass.GUARANTEED
+        ]
+        for queue, expected, gpus, borrowed in held:
+            end = self.now + self.policy.default_runtime_seconds if expected is None else expected
+            ends.append((end, gpus))
+            if not borrowed:
+                by_queue.setdefault(queue, []).append((end, gpus))
+        self._ending = sorted(ends)
+        self._queue_ending = {q: sorted(mine) for q, mine in by_queue.items()}
 
     def _starving(self, job: QueuedJob) -> bool:
         bound = self.policy.starvation_seconds

@@ -54,15 +54,8 @@ from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob, policy_r
 from gangshare.sim.clusters import SimCluster
 from gangshare.sim.colocation import ColocationModel
 
-# Re-exported: importers have long named SimConfig and its defaults from here.
-from gangshare.sim.config import (
-    DEFAULT_CHECKPOINT_INTERVAL,
-    DEFAULT_MAX_EVICTIONS,
-    DEFAULT_RECLAIM_MIN_RUNTIME,
-    DEFAULT_RESTART_OVERHEAD,
-    DEFAULT_STARVATION,
-    SimConfig,
-)
+# Re-exported: importers have long named SimConfig from here (its defaults: sim.config).
+from gangshare.sim.config import SimConfig
 from gangshare.sim.decide import borrow_room, decide
 from gangshare.sim.evictions import Counters, Evictions, JobState
 from gangshare.sim.ledger import GpuId, GpuLedger
@@ -75,11 +68,6 @@ if TYPE_CHECKING:
     from gangshare.sim.openmetrics import ReplayMetrics
 
 __all__ = [
-    "DEFAULT_CHECKPOINT_INTERVAL",
-    "DEFAULT_MAX_EVICTIONS",
-    "DEFAULT_RECLAIM_MIN_RUNTIME",
-    "DEFAULT_RESTART_OVERHEAD",
-    "DEFAULT_STARVATION",
     "MAX_CYCLES_PER_INSTANT",
     "Counters",
     "JobState",
