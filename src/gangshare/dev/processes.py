@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,12 +27,33 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback port nobody listens on right now, outside the ephemeral range.
+
+    A port from the ephemeral range can be taken by any outgoing connection (the
+    API server's to etcd, a client's) between this pick and the component's bind;
+    that failed a second `dev up` in CI with EADDRINUSE.
+    """
+    low, high = _ephemeral_range()
+    ranges = [r for r in ((10000, low - 1), (high + 1, 65535)) if r[1] - r[0] > 1000]
+    for _ in range(200):
+        first, last = random.choice(ranges) if ranges else (1024, 65535)
+        port = random.randint(first, last)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free loopback port outside the ephemeral range")
 
 
 def port_is_open(port: int) -> bool:
