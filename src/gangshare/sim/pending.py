@@ -169,7 +169,10 @@ class PendingIndex:
           cannot move the lane's order either, so leaving it out changes no decision.
           In a cohort it can: while it is the lane's head, the lane waits behind every
           head within its quota. Of each run of such jobs only the last matters (the
-          ones before it are refused no later than it is), so it is kept.
+          ones before it are refused no later than it is), so it is kept. And the first
+          job of the lane beyond both is kept: the first job a lane's quota blocks
+          reserves that quota (core.cycle, EASY backfill), which refuses the jobs behind
+          it that would not end before the reservation.
         """
         self._estimates.clear()
         rooms = borrow_room or {}
@@ -181,17 +184,19 @@ class PendingIndex:
             jobs = self.lane(lane)
             if not self._strict(lane):
                 chosen.append(next(jobs))
-                if lane[0] not in rooms:
-                    chosen.extend(job for job in jobs if job.gpus <= room)
-                    continue
+                in_cohort = lane[0] in rooms
                 skipped: QueuedJob | None = None
+                reserver_kept = False
                 for job in jobs:
                     if job.gpus <= room or job.gpus <= borrow:
                         if skipped is not None:
                             chosen.append(skipped)
                             skipped = None
                         chosen.append(job)
-                    else:
+                    elif not reserver_kept:
+                        chosen.append(job)
+                        reserver_kept = True
+                    elif in_cohort:
                         skipped = job
                 continue
             bound = min(free_gpus, room) + borrow if guaranteed else share_slots

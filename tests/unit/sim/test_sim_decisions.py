@@ -156,3 +156,31 @@ def test_every_cycle_of_a_replay_matches_the_operators_cycle(monkeypatch, policy
     assert len(sim.records) == 60
     assert sum(seen) >= 60  # every job was admitted through a checked decision
     assert parse_policy(policy).name == policy
+
+
+def test_a_job_its_quota_blocks_behind_the_head_is_handed_to_the_cycle_for_its_reservation():
+    """Under backfill the first job of a lane its queue's quota blocks reserves that quota; the
+    index used to leave every job beyond the quota's headroom out, so the small jobs behind it
+    spent the quota the cycle had promised it (found by the property above)."""
+    nodes = [
+        NodeState.build(f"n{i}", [Gpu(g, f"u{i}-{g}", "H100", 24576) for g in range(8)], [])
+        for i in range(2)
+    ]
+    cluster = Cluster(nodes)
+    cluster.allocate("run-a", "w", "n0", (0, 1, 2, 3, 4), ServiceClass.GUARANTEED)
+    running = [RunningJob("run-a", "a", 5, ServiceClass.GUARANTEED, expected_end=50.0)]
+
+    def queued(key: str, at: float, gpus: int) -> QueuedJob:
+        gang = GangRequest(key, workers=1, gpus_per_worker=gpus)
+        return QueuedJob(key, gang, submitted_at=at, queue="a", runtime_estimate=1000.0)
+
+    pending = [queued("p00", 0.0, 1), queued("p01", 1.0, 8)]
+    pending += [queued(f"p{i:02d}", float(i), 1) for i in range(2, 6)]
+    policy = QueuePolicy(backfill=True, quotas={"a": 9})
+    expected = schedule_cycle(copy.deepcopy(cluster), list(pending), list(running), policy, 25.0)
+    index = PendingIndex(policy)
+    for job_ in pending:
+        index.add(job_)
+    got = decide(copy.deepcopy(cluster), index, running, policy, 25.0)
+    assert [a.job.key for a in expected.admitted] == ["p00"]
+    assert plans(got) == plans(expected)
