@@ -48,7 +48,14 @@ import yaml
 from kubernetes import client, config
 
 sys.path.insert(0, str(Path(__file__).parent))
-from extender import cpu_seconds, follow_pods, percentile, scheduler_config, start_extender
+from extender import percentile
+from extender_cluster import (
+    cpu_seconds,
+    follow_pods,
+    scheduler_config,
+    start_extender,
+    start_operator,
+)
 from gangshare.core.spec import parse_cluster_spec
 from gangshare.dev import binaries, components, processes
 from gangshare.dev.cluster import LocalCluster
@@ -376,18 +383,9 @@ def main() -> None:
         install(kubectl)
         extender_port = processes.free_port()
         children.append(start_extender(cluster, extender_port, [SCHEDULER]))
-        argv = [
-            sys.executable,
-            "-m",
-            "gangshare.cli",
-            "operator",
-            f"--kubeconfig={state.kubeconfig}",
-            f"--scheduler-name={SCHEDULER}",
-            "--no-leader-elect",
-            "--metrics-address=",
-            "--cycle-interval=0.5",
-        ]
-        children.append(processes.start("bench-operator", argv, Path(state.logs), attached=True))
+        children.append(
+            start_operator(cluster, "bench-operator", SCHEDULER, ["--cycle-interval=0.5"])
+        )
         watched = {
             name: pid
             for name, pid in state.pids.items()

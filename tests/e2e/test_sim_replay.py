@@ -38,6 +38,7 @@ WALL_CLOCK = (
 )
 NO_EXTENDER = "no kube-scheduler or extender in a replay: placement is the core's plan"
 NO_PODS = "the agent's per-pod coordinator state: the simulator models each GPU's settled share"
+NO_API = "no API server in a replay: nothing is reconciled, from the stores or otherwise"
 # (dashboard, panel) -> why the replay has nothing for it.
 UNANSWERED = {
     ("gangshare-jobs.json", "Gang failures by class"): NO_FAILURES,
@@ -50,6 +51,7 @@ UNANSWERED = {
     ("gangshare-scheduler.json", "Extender latency (quantiles)"): NO_EXTENDER,
     ("gangshare-scheduler.json", "Extender non-ok ratio"): NO_EXTENDER,
     ("gangshare-scheduler.json", "Filter outcomes"): NO_EXTENDER,
+    ("gangshare-scheduler.json", "Operator reconciles by reads"): NO_API,
     ("gangshare-node-sharing.json", "Opportunistic duty cap"): NO_PODS,
     ("gangshare-node-sharing.json", "Opportunistic memory cap"): NO_PODS,
     ("gangshare-node-sharing.json", "Guaranteed slowdown"): NO_PODS,

@@ -48,7 +48,6 @@ from gangshare.extender.cache import ClusterCache
 from gangshare.extender.decisions import (
     BadPod,
     PodAsk,
-    best_nodes,
     filter_nodes,
     first_holding,
     gpus_for_bind,
@@ -57,6 +56,7 @@ from gangshare.extender.decisions import (
 )
 from gangshare.extender.health import Health
 from gangshare.extender.metrics import ExtenderMetrics
+from gangshare.extender.verdicts import FilterAnswer
 from gangshare.extender.wire import (
     MAX_BODY_BYTES,
     ExtenderArgs,
@@ -176,21 +176,24 @@ class VerbsApp:
                     return filter_result(args, names, {}, {}), "ok"
                 if not ask.gang:
                     cache.forget(ask.owner)  # filtered again: its earlier node is not held
-                passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names, cache.memo)
-                best = best_nodes(cache.cluster, ask, passed, cache.memo)
-                if not ask.gang:
-                    best = hand_out(cache, ask, best)
+                if ask.gang:
+                    passed, failed, unresolvable = filter_nodes(cache.cluster, ask, names)
+                    answer = FilterAnswer(passed, failed, unresolvable, len(passed))
+                    best = passed
+                else:
+                    answer = cache.verdicts.current(cache.cluster, ask.request).filter(names)
+                    best = hand_out(cache, ask, answer.best)
         except BadPod as err:
             log.warning("filter %s: %s", args.pod_name, err)
             return filter_result(args, [], {}, {}, f"pod annotation {err}"), "error"
         except Exception as err:
             log.exception("filter %s failed", args.pod_name)
             return filter_result(args, [], {}, {}, f"internal error: {err}"), "error"
-        nodes = self.metrics.nodes
-        nodes.labels("passed").inc(len(passed))
-        nodes.labels("failed").inc(len(failed))
-        nodes.labels("unresolvable").inc(len(unresolvable))
-        return filter_result(args, best, failed, unresolvable), "ok"
+        filtered = self.metrics.filtered
+        filtered["passed"].inc(answer.passed)
+        filtered["failed"].inc(len(answer.failed))
+        filtered["unresolvable"].inc(len(answer.unresolvable))
+        return filter_result(args, best, answer.failed, answer.unresolvable), "ok"
 
     async def prioritize(self, data: Any) -> tuple[Any, str]:
         args = ExtenderArgs.parse(data)
@@ -204,12 +207,13 @@ class VerbsApp:
                 if handed is not None:
                     # Filter chose and holds it there; scoring its own hold would count twice.
                     return priority_json([(n, 10 if n == handed else 0) for n in names]), "ok"
-                scores = prioritize_nodes(cache.cluster, ask, names, cache.memo)
+                if ask.gang:
+                    return priority_json(prioritize_nodes(cache.cluster, ask, names)), "ok"
+                return cache.verdicts.current(cache.cluster, ask.request).priorities(names), "ok"
         except Exception:
             # Scores are advice: on failure every node scores 0 and filter/bind still decide.
             log.exception("prioritize %s failed; scoring 0", args.pod_name)
             return priority_json([(n, 0) for n in names]), "error"
-        return priority_json(scores), "ok"
 
     async def bind(self, data: Any) -> tuple[Any, str]:
         args = ExtenderBindingArgs.parse(data)

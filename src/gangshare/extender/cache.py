@@ -18,7 +18,7 @@ from gangshare.core.annotations import NODE_TOPOLOGY, AnnotationError
 from gangshare.core.clock import Clock
 from gangshare.core.job import WorkerRequest
 from gangshare.core.node import NodeState
-from gangshare.extender.decisions import NodeMemo
+from gangshare.extender.verdicts import Verdicts
 from gangshare.kube.claims import WorkerIdentity, gpu_request, job_key, pod_owner, worker_identity
 from gangshare.kube.ledger import Ledger
 from gangshare.kube.snapshot import decode_api_node
@@ -42,7 +42,8 @@ class ClusterCache:
         self._gang_of: dict[str, tuple[tuple[str, str, int], int]] = {}
         self._expiry: dict[str, float] = {}
         self._warned: dict[str, str] = {}
-        self.memo = NodeMemo()
+        # Every node's verdict per request shape, judged again as nodes change.
+        self.verdicts = Verdicts()
         self.synced = {name: threading.Event() for name in WATCHES}
         # Watch events per TrainingJob (and relists), so a read-through never overwrites
         # something the watch delivered after the read began.

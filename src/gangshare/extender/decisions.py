@@ -23,28 +23,11 @@ from gangshare.kube.claims import gpu_request, pod_owner, worker_identity
 from gangshare.kube.ledger import Ledger
 
 NOT_A_GPU_NODE = "no GPUs known to gangshare on this node"
-
-
-class NodeMemo:
-    """Per-node answers for one request shape, valid while the node's version is unchanged.
-
-    Between two scheduling requests only the nodes that changed need work again,
-    which is what keeps filter and prioritize cheap on thousands of nodes.
-    """
-
-    MAX_SHAPES = 64
-
-    def __init__(self) -> None:
-        self._tables: dict[tuple[str, WorkerRequest], dict[str, tuple[int, Any]]] = {}
-
-    def table(self, kind: str, request: WorkerRequest) -> dict[str, tuple[int, Any]]:
-        key = (kind, request)
-        found = self._tables.get(key)
-        if found is None:
-            if len(self._tables) >= self.MAX_SHAPES:
-                self._tables.clear()
-            found = self._tables[key] = {}
-        return found
+# Ties at the best score are all equally good to gangshare; a few let kube-scheduler's own
+# scores (affinity, spreading) choose among them without a long answer to parse.
+MAX_BEST_NODES = 16
+# Scores this close to the best are the best (sums of the same terms in another order).
+TIE = 1e-9
 
 
 class BadPod(ValueError):
@@ -122,9 +105,10 @@ def _planned_gpus_problem(cluster: Cluster, ask: PodAsk) -> str | None:
 
 
 def filter_nodes(
-    cluster: Cluster, ask: PodAsk, names: list[str], memo: NodeMemo | None = None
+    cluster: Cluster, ask: PodAsk, names: list[str]
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """(passed, failed, unresolvable) with a reason for every node that did not pass."""
+    """(passed, failed, unresolvable) with a reason for every node that did not pass, judged
+    name by name: a gang worker's filter, and the reference for verdicts.ShapeVerdicts."""
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -144,19 +128,12 @@ def filter_nodes(
             else:
                 passed.append(name)
         return passed, failed, unresolvable
-    table = memo.table("filter", ask.request) if memo is not None else None
     for name in names:
         node = nodes.get(name)
         if node is None:
             unresolvable[name] = NOT_A_GPU_NODE
             continue
-        hit = table.get(name) if table is not None else None
-        if hit is not None and hit[0] == node.version:
-            rejection = hit[1]
-        else:
-            rejection = filter_worker(node, ask.request)
-            if table is not None:
-                table[name] = (node.version, rejection)
+        rejection = filter_worker(node, ask.request)
         if rejection is None:
             passed.append(name)
         elif rejection.resolvable:
@@ -166,45 +143,23 @@ def filter_nodes(
     return passed, failed, unresolvable
 
 
-# Ties at the best score are all equally good to gangshare; a few let kube-scheduler's own
-# scores (affinity, spreading) choose among them without a long answer to parse.
-MAX_BEST_NODES = 16
-
-
-def _scores(
-    cluster: Cluster, ask: PodAsk, names: list[str], memo: NodeMemo | None
-) -> list[tuple[str, float]]:
-    """The core's 0..1 score of each named node, memoised while the node is unchanged."""
+def _scores(cluster: Cluster, ask: PodAsk, names: list[str]) -> list[tuple[str, float]]:
+    """The core's 0..1 score of each named node (0 for a node gangshare does not know)."""
     nodes = cluster.nodes
-    table = memo.table("score", ask.request) if memo is not None else None
-    scores: list[tuple[str, float]] = []
-    for name in names:
-        node = nodes.get(name)
-        if node is None:
-            scores.append((name, 0.0))
-            continue
-        hit = table.get(name) if table is not None else None
-        if hit is not None and hit[0] == node.version:
-            score = hit[1]
-        else:
-            score = score_worker(node, ask.request)
-            if table is not None:
-                table[name] = (node.version, score)
-        scores.append((name, score))
-    return scores
+    return [
+        (name, score_worker(nodes[name], ask.request) if name in nodes else 0.0) for name in names
+    ]
 
 
-def best_nodes(
-    cluster: Cluster, ask: PodAsk, passed: list[str], memo: NodeMemo | None = None
-) -> list[str]:
+def best_nodes(cluster: Cluster, ask: PodAsk, passed: list[str]) -> list[str]:
     """The passed nodes gangshare would pick, so filter alone decides and kube-scheduler
     needs no prioritize call: one HTTP round trip per pod less. A gang worker's one planned
     node stays as it is."""
     if ask.gang or len(passed) <= 1:
         return passed
-    scores = _scores(cluster, ask, passed, memo)
+    scores = _scores(cluster, ask, passed)
     top = max(score for _, score in scores)
-    return [name for name, score in scores if score >= top - 1e-9][:MAX_BEST_NODES]
+    return [name for name, score in scores if score >= top - TIE][:MAX_BEST_NODES]
 
 
 def first_holding(
@@ -219,14 +174,12 @@ def first_holding(
     return None
 
 
-def prioritize_nodes(
-    cluster: Cluster, ask: PodAsk, names: list[str], memo: NodeMemo | None = None
-) -> list[tuple[str, int]]:
+def prioritize_nodes(cluster: Cluster, ask: PodAsk, names: list[str]) -> list[tuple[str, int]]:
     """0..10 per node, for a scheduler configured with prioritizeVerb (filter's answer is
     already only the best nodes, so the shipped configuration has none)."""
     if ask.gang:
         return [(name, 10 if name == ask.planned_node else 0) for name in names]
-    return [(name, to_extender_score(score)) for name, score in _scores(cluster, ask, names, memo)]
+    return [(name, to_extender_score(score)) for name, score in _scores(cluster, ask, names)]
 
 
 def gpus_for_bind(cluster: Cluster, ask: PodAsk, node_name: str) -> tuple[int, ...] | str:

@@ -29,6 +29,9 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        # Children looked up once: labels() takes a lock and builds a key on every call, and
+        # filter counts three outcomes per request.
+        self.filtered = {o: self.nodes.labels(o) for o in ("passed", "failed", "unresolvable")}
         self.cache_nodes = Gauge(
             "gangshare_extender_cache_nodes",
             "GPU nodes in the extender's cache.",

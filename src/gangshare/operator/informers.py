@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gangshare.core.annotations import JOB_LABEL
 from gangshare.kube.follow import follow
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 
@@ -46,32 +47,72 @@ def object_key(obj: dict[str, Any]) -> str:
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
 
 
-class Store:
-    """One kind's objects by namespace/name, as last listed, watched or written."""
+Indexer = Callable[[dict[str, Any]], "str | None"]
 
-    def __init__(self, name: str) -> None:
+
+class Store:
+    """One kind's objects by namespace/name, as last listed, watched or written, with
+    optional secondary indexes (a gang's pods, a node's pods) kept as they change: a reconcile
+    asks for one job's pods thousands of times a minute at scale, and a scan of every pod per
+    question grew with the cluster instead of with the gang."""
+
+    def __init__(self, name: str, indexers: dict[str, Indexer] | None = None) -> None:
         self.name = name
         self.synced = threading.Event()
         self.heard = time.monotonic()
         self._objects: dict[str, dict[str, Any]] = {}
+        self._indexers = dict(indexers or {})
+        self._index: dict[str, dict[str, set[str]]] = {n: {} for n in self._indexers}
         self._lock = threading.Lock()
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         with self._lock:
-            self._objects = {object_key(o): o for o in items}
+            self._objects = {}
+            self._index = {n: {} for n in self._indexers}
+            for obj in items:
+                self._put(object_key(obj), obj)
         self.synced.set()
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
         with self._lock:
             if kind == "DELETED":
-                self._objects.pop(key, None)
+                self._drop(key)
             elif newer(obj, self._objects.get(key)):
-                self._objects[key] = obj
+                self._drop(key)
+                self._put(key, obj)
+
+    def _put(self, key: str, obj: dict[str, Any]) -> None:
+        self._objects[key] = obj
+        for name, indexer in self._indexers.items():
+            value = indexer(obj)
+            if value is not None:
+                self._index[name].setdefault(value, set()).add(key)
+
+    def _drop(self, key: str) -> None:
+        old = self._objects.pop(key, None)
+        if old is None:
+            return
+        for name, indexer in self._indexers.items():
+            value = indexer(old)
+            keys = self._index[name].get(value) if value is not None else None
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._index[name][value]  # type: ignore[arg-type]
 
     def assume(self, obj: dict[str, Any]) -> None:
         """Hold what a write returned, unless the watch already brought something newer."""
         self.apply("MODIFIED", obj)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._objects.get(key)
+
+    def by(self, index: str, value: str) -> list[dict[str, Any]]:
+        """The objects an index files under `value`."""
+        with self._lock:
+            return [self._objects[k] for k in self._index[index].get(value, ())]
 
     def items(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -81,13 +122,24 @@ class Store:
         self.heard = time.monotonic()
 
 
+def pod_job(pod: dict[str, Any]) -> str | None:
+    """namespace/job of a gang worker (its job label), for the pod store's index."""
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(JOB_LABEL)
+    return f"{meta.get('namespace')}/{job}" if job else None
+
+
+def pod_node(pod: dict[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName") or None
+
+
 class Informers:
     """TrainingJobs, Nodes and live Pods, each a Store fed by its own watch thread."""
 
     def __init__(self) -> None:
         self.jobs = Store("trainingjobs")
         self.nodes = Store("nodes")
-        self.pods = Store("pods")
+        self.pods = Store("pods", {"job": pod_job, "node": pod_node})
         # Told every pod watch event once the store holds it (handlers.pod_listener): the pod
         # watch the loop needs anyway is what drives the reconciles of gang workers too.
         self.pod_listener: Callable[[str, dict[str, Any]], None] | None = None
@@ -122,6 +174,12 @@ class Informers:
 
     def list_live_pods(self) -> list[dict[str, Any]]:
         return self.pods.items()
+
+    def live_pods_of_job(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self.pods.by("job", f"{namespace}/{name}")
+
+    def live_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self.pods.by("node", node)
 
     def start(self, api_client: client.ApiClient, stop: threading.Event) -> list[threading.Thread]:
         core = client.CoreV1Api(api_client)

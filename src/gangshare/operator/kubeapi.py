@@ -53,6 +53,8 @@ class KubeApi:
         self.instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         # Told every TrainingJob as a status write returned it (the informers assume it).
         self.on_job_written: Callable[[dict[str, Any]], None] | None = None
+        # Told each pod this operator created or ungated, as the API server answered.
+        self.on_pod_written: Callable[[dict[str, Any]], None] | None = None
         # Whether this replica may write now; asked before every write (the leader Lease's
         # own calls aside). Without leader election it always may.
         self.fence: Callable[[], bool] = lambda: True
@@ -236,7 +238,7 @@ class KubeApi:
         self._fenced(f"create of {kind} {namespace}/{(body.get('metadata') or {}).get('name')}")
         try:
             if kind == "Pod":
-                _drain(
+                self._pod_written(
                     self.core.create_namespaced_pod(
                         namespace, cast(Any, body), _preload_content=False
                     )
@@ -259,7 +261,7 @@ class KubeApi:
     def lift_gate(self, namespace: str, pod: str) -> None:
         self._fenced(f"gate lift of pod {namespace}/{pod}")
         try:
-            _drain(
+            self._pod_written(
                 self.core.patch_namespaced_pod(
                     pod, namespace, {"spec": {"schedulingGates": None}}, _preload_content=False
                 )
@@ -291,6 +293,16 @@ class KubeApi:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+    def _pod_written(self, response: Any) -> None:
+        """Hand a pod this operator wrote to `on_pod_written` (the pod store assumes it, so
+        the next reconcile's view already has it); otherwise only drain the answer."""
+        if self.on_pod_written is None:
+            _drain(response)
+            return
+        data = response.read()
+        response.release_conn()
+        self.on_pod_written(json.loads(data))
 
     def pod_controller_uid(self, namespace: str, pod: str) -> str | None:
         """The uid of the pod's controller ("" when it has none); None when there is no pod."""

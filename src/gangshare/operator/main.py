@@ -169,6 +169,9 @@ def parse_priority_limits(values: list[str]) -> dict[str, int]:
     return limits
 
 
+API_CONNECTIONS = 64
+
+
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
@@ -179,7 +182,7 @@ def run_operator(args: argparse.Namespace) -> int:
     from gangshare.operator.leader import LeaderElector
     from gangshare.operator.lifecycle import Limits
     from gangshare.operator.metrics import OperatorMetrics, serve
-    from gangshare.operator.reconcile import OperatorOptions, Reconciler
+    from gangshare.operator.reconcile import CachedReads, OperatorOptions, Reconciler
     from gangshare.operator.scheduler import SchedulerLoop
 
     logging.basicConfig(
@@ -199,7 +202,10 @@ def run_operator(args: argparse.Namespace) -> int:
         quotas=parse_quotas(args.quota),
         max_priority=parse_priority_limits(args.max_priority),
     )
-    api = KubeApi(connect(args.kubeconfig))
+    # One connection per thread that calls at once (the pass's and the reconcilers' workers,
+    # their per-pod calls): at the default 10, a busy minute discarded connections and paid a
+    # TLS handshake for each new one.
+    api = KubeApi(connect(args.kubeconfig, pool_size=API_CONNECTIONS))
     clock = WallClock()
     options = OperatorOptions(
         scheduler_name=args.scheduler_name,
@@ -240,9 +246,9 @@ def run_operator(args: argparse.Namespace) -> int:
     informers, watching = Informers(), threading.Event()
     informers.start(connect(args.kubeconfig), watching)
     api.on_job_written = informers.jobs.assume
-    reconciler.pods_on_node = lambda node: [
-        p for p in informers.list_live_pods() if (p.get("spec") or {}).get("nodeName") == node
-    ]
+    api.on_pod_written = informers.pods.assume
+    reconciler.pods_on_node = informers.live_pods_on_node
+    reconciler.cached = CachedReads(informers.jobs.get, informers.live_pods_of_job)
     loop = SchedulerLoop(
         api,
         reconciler,

@@ -192,6 +192,13 @@ class OperatorMetrics:
             ["queue", "service_class", "borrowed"],
             registry=r,
         )
+        self.reconciles = Counter(
+            "gangshare_operator_reconciles_total",
+            "Reconciles of a TrainingJob, by reads: cache (the watch-fed stores showed nothing "
+            "to do; no API request) or api (the job, its pods and Service read afresh).",
+            ["reads"],
+            registry=r,
+        )
         self.preemptions = Counter(
             "gangshare_preemptions_total",
             "Running gangs evicted whole by the scheduler, by queue (the victim's spec.queue) "

@@ -231,6 +231,16 @@ def process_state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+def settled_state(pid: int, wanted: str, seconds: float = 5.0) -> str:
+    """The process's state once it reads `wanted` or `seconds` pass: a SIGSTOP or SIGCONT
+    takes effect when the target is next scheduled, which on a loaded machine is not at once
+    (CI read "R" right after the stop)."""
+    deadline = time.monotonic() + seconds
+    while (state := process_state(pid)) != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return state
+
+
 def test_a_sigkilled_agent_leaves_no_pod_stopped_once_the_next_agent_starts(
     tmp_path: Path,
 ) -> None:
@@ -244,16 +254,13 @@ def test_a_sigkilled_agent_leaves_no_pod_stopped_once_the_next_agent_starts(
     )
     try:
         assert agent.stdout is not None and agent.stdout.readline().strip() == "stopped"
-        assert process_state(child.pid) == "T"
+        assert settled_state(child.pid, "T") == "T"
         agent.send_signal(signal.SIGKILL)  # no chance to continue anything
         agent.wait(timeout=10)
         assert process_state(child.pid) == "T"
         restarted = Throttler(1.0, lambda: {"uid-o": [child.pid]}, state_file=state)
         assert restarted.resume_left_stopped() == ["uid-o"]
-        deadline = time.monotonic() + 5
-        while process_state(child.pid) == "T" and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert process_state(child.pid) != "T"
+        assert settled_state(child.pid, "S") != "T"
     finally:
         for process in (agent, child):
             process.kill()

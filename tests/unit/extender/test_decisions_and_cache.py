@@ -9,7 +9,6 @@ from gangshare.core.annotations import NODE_UTILIZATION, POD_ASSIGNED_GPUS, enco
 from gangshare.extender.decisions import (
     MAX_BEST_NODES,
     BadPod,
-    NodeMemo,
     best_nodes,
     filter_nodes,
     gpus_for_bind,
@@ -129,7 +128,7 @@ def test_other_pods_are_filtered_and_scored_best_fit():
     scores = dict(prioritize_nodes(cache.cluster, ask, passed))
     assert scores["n-1"] > scores["n-2"]
     # Filter's answer is the best fit alone: no prioritize round trip is needed to pick it.
-    assert best_nodes(cache.cluster, ask, passed, NodeMemo()) == ["n-1"]
+    assert best_nodes(cache.cluster, ask, passed) == ["n-1"]
 
 
 def test_filter_keeps_every_node_tied_at_the_best_score_up_to_a_bound():

@@ -61,6 +61,9 @@ class FakeApiServer:
         self.others = others or []
         self.calls: list[tuple[str, str]] = []
         self.during: dict[str, Callable[[], None]] = {}
+        # Refuse a status write whose resourceVersion precondition is stale (409), as the API
+        # server does.
+        self.conflict_on_stale = False
 
     def writes(self) -> list[tuple[str, str]]:
         return [call for call in self.calls if call[0] in WRITES]
@@ -87,6 +90,9 @@ class FakeApiServer:
     def patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> dict[str, Any]:
         name, body = args[-2], args[-1]
         self._call("patch_namespaced_custom_object_status", name)
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if self.conflict_on_stale and expected != self.job["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
         self.job["status"] = {**(self.job.get("status") or {}), **body["status"]}
         version = int(self.job["metadata"]["resourceVersion"]) + 1
         self.job["metadata"]["resourceVersion"] = str(version)

@@ -24,7 +24,9 @@ class CountingReconciler(Reconciler):
         self.release = threading.Event()
         self.started = threading.Event()
 
-    def _reconcile(self, namespace: str, name: str, displaced: Any) -> float | None:
+    def _reconcile(
+        self, namespace: str, name: str, displaced: Any, event_job: Any = None
+    ) -> float | None:
         self.runs.append(f"{namespace}/{name}")
         self.started.set()
         self.release.wait(5)

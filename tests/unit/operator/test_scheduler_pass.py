@@ -3,6 +3,7 @@ pass; and what the operator's watch-fed stores and backstop resync decide."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from jobs import make_job
@@ -225,6 +226,9 @@ class IdleReconciler:
     def reconcile(self, namespace: str, name: str, displaced: Any = None) -> None:
         return None
 
+    def reconcile_later(self, namespace: str, name: str) -> None:
+        return None
+
     def due(self, now: float) -> list[str]:
         return []
 
@@ -268,3 +272,54 @@ def test_a_pass_after_an_admission_sees_its_gpus_taken_before_any_watch_delivers
     assert loop.run_once().admitted == []
     held = {j["metadata"]["name"]: j["status"]["phase"] for j in informers.list_jobs()}
     assert held == {"first": "Admitted", "second": "Queued"}
+
+
+class SlowStartingReconciler(IdleReconciler):
+    """Its reconciles (the admitted gangs' pod creations) hold until `made` is set."""
+
+    def __init__(self) -> None:
+        self.made = threading.Event()
+        self.started: list[str] = []
+
+    def reconcile(self, namespace: str, name: str, displaced: Any = None) -> None:
+        self.started.append(name)
+        self.made.wait(10)
+
+
+def test_a_pass_admits_more_only_once_the_last_passs_admitted_gangs_have_their_pods():
+    from jobs import nodes
+
+    from gangshare.core.clock import ManualClock
+    from gangshare.operator.informers import Informers
+    from gangshare.operator.scheduler import SchedulerLoop
+
+    informers = Informers()
+    informers.nodes.replace(nodes({"nodePools": [{"name": "n", "count": 1, "gpusPerNode": 4}]}))
+    informers.pods.replace([])
+    first = make_job("first").spec(gpusPerWorker=2).status(phase="Queued").build()
+    informers.jobs.replace([first])
+    api = StoreFedApi()
+    api.on_job_written = informers.jobs.assume
+    reconciler = SlowStartingReconciler()
+    loop = SchedulerLoop(
+        api,  # type: ignore[arg-type]
+        reconciler,  # type: ignore[arg-type]
+        POLICY,
+        ManualClock(now_of_test),
+        informers=informers,
+    )
+    assert loop.run_once().admitted == ["team/first"]
+    # The pass returned without waiting for first's pods: they are made beside the next pass.
+    informers.jobs.apply(
+        "ADDED", make_job("second").spec(gpusPerWorker=2).status(phase="Queued").build()
+    )
+    reports: list[Any] = []
+    second_pass = threading.Thread(target=lambda: reports.append(loop.run_once()))
+    second_pass.start()
+    second_pass.join(0.5)
+    assert second_pass.is_alive() and reports == []
+    assert [name for name, status in api.writes if status.get("phase") == "Admitted"] == ["first"]
+    reconciler.made.set()
+    second_pass.join(10)
+    assert reports[0].admitted == ["team/second"]
+    assert reconciler.started[0] == "first"
