@@ -84,25 +84,9 @@ def abandoned(key: str, lost: LeadershipLost) -> None:
     log.warning("reconcile of %s abandoned: %s", key, lost)
 
 
-def forward_status_step(job: dict[str, Any], actions: Actions) -> bool:
-    """Actions that only write status (and events) taking a new job to Queued or an admitted
-    gang to Running: what most watch events of a healthy job ask for."""
-    if (
-        actions.create_service
-        or actions.create_pods
-        or actions.lift_gates
-        or actions.nudge_pods
-        or actions.delete_pods
-        or actions.force_delete_pods
-        or actions.delete_job
-    ):
-        return False
-    before = (job.get("status") or {}).get("phase")
-    after = actions.status.get("phase")
-    return (before, after) in ((None, "Queued"), ("Admitted", "Running"))
-
-
 def creates_nothing(job: dict[str, Any], actions: Actions) -> bool:
+    """Actions that create or delete no object (pods, the Service, the job); `job` only for
+    the shape `Reconciler._from_stores` asks of what it trusts."""
     return not (
         actions.create_service
         or actions.create_pods
@@ -110,6 +94,16 @@ def creates_nothing(job: dict[str, Any], actions: Actions) -> bool:
         or actions.force_delete_pods
         or actions.delete_job
     )
+
+
+def forward_status_step(job: dict[str, Any], actions: Actions) -> bool:
+    """Actions that only write status (and events) taking a new job to Queued or an admitted
+    gang to Running: what most watch events of a healthy job ask for."""
+    if not creates_nothing(job, actions) or actions.lift_gates or actions.nudge_pods:
+        return False
+    before = (job.get("status") or {}).get("phase")
+    after = actions.status.get("phase")
+    return (before, after) in ((None, "Queued"), ("Admitted", "Running"))
 
 
 class Reconciler:
