@@ -49,7 +49,12 @@ def namespace(kube: Kube) -> Iterator[str]:
 def crd(kube: Kube) -> Kube:
     """The TrainingJob and Queue CRDs and the admission policy, as `kubectl apply -f crds/`
     installs them (the operator creates the `default` Queue itself)."""
-    for path in ("trainingjob.yaml", "trainingjob-admission-policy.yaml", "queue.yaml"):
+    for path in (
+        "trainingjob.yaml",
+        "trainingjob-admission-policy.yaml",
+        "job-admission-policy.yaml",
+        "queue.yaml",
+    ):
         subprocess.run(
             kube.kubectl("apply", "-f", str(ROOT / "crds" / path)),
             check=True,

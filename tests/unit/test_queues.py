@@ -1,12 +1,14 @@
 """Queues as objects: accepted sizes, unknown queues, per-queue policy, cohort borrowing."""
 
+from dataclasses import replace
+
 import pytest
-from builders import make_cluster
+from builders import make_cluster, make_gang
 from queue_cases import admitted, cohort, job, pending, policy
 
 from gangshare.core import ServiceClass
 from gangshare.core.cycle import PendingKind, schedule_cycle
-from gangshare.core.queueing import Ordering, PodPriority, RunningJob, policy_refusal
+from gangshare.core.queueing import Ordering, PodPriority, QueuedJob, RunningJob, policy_refusal
 from gangshare.core.queues import QueueSpec
 
 # ----- accepted sizes, unknown queues ---------------------------------------------------------
@@ -152,6 +154,57 @@ def test_a_queue_borrows_its_cohorts_idle_quota_as_opportunistic():
         "cohort c has 0 idle GPU(s) of quota to lend, job needs 8"
     )
     assert result.preemptions == []
+
+
+def test_a_gang_whose_gpu_resource_is_fixed_borrows_whole_idle_gpus_never_share_slots():
+    # A batch/v1 Job's template asks nvidia.com/gpu and may not change: borrowed, it must get
+    # GPUs of its own, so beside a full node it waits rather than being squeezed onto one.
+    cluster = make_cluster().nodes(2, gpus=8).build()
+    fixed = [
+        QueuedJob(f"b{i}", replace(make_gang(f"b{i}").gpus(8).build(), whole_gpus=True), i, "b")
+        for i in range(3)
+    ]
+    result = schedule_cycle(cluster, fixed, [], cohort(), 10)
+    assert admitted(result) == ["b0", "b1"]
+    second = result.admitted[1]
+    assert (second.service_class, second.borrowed) == (ServiceClass.GUARANTEED, True)
+    assert not [t for n in cluster.nodes.values() for g in n.gpus for t in g.opportunistic]
+    assert pending(result)["b2"][0] is PendingKind.QUOTA
+    # With b's own gang on one node and a's idle quota lent, the other node still takes it.
+    full = make_cluster().nodes(1, gpus=8).holding("b-own", "node-0", tuple(range(8))).build()
+    own = [RunningJob("b-own", "b", 8, ServiceClass.GUARANTEED)]
+    waiting = schedule_cycle(full, fixed[1:2], own, cohort(), 10)
+    assert admitted(waiting) == []
+    assert "can never fit" not in pending(waiting)["b1"][1]
+
+
+def test_a_lender_waiting_for_gpus_a_whole_gpu_borrower_holds_takes_its_quota_back():
+    # b's Job borrowed a's idle quota on whole GPUs; a's job then waits for those GPUs. Share
+    # slots would have left them free; whole GPUs do not, so the borrower goes, once.
+    cluster = make_cluster().nodes(1, gpus=8).holding("b-job", "node-0", tuple(range(8))).build()
+    whole = RunningJob("b-job", "b", 8, ServiceClass.GUARANTEED, borrowed=True, started_at=1)
+    result = schedule_cycle(cluster, [job("a0", gpus=8, queue="a")], [whole], cohort(b=0), 10)
+    assert admitted(result) == []
+    assert [p.job.key for p in result.preemptions] == ["b-job"]
+    assert "lenders have jobs waiting for the GPUs it borrows whole" in result.preemptions[0].reason
+    # A job beyond its own queue's quota takes nothing back, and a guaranteed job is no victim.
+    own = RunningJob("b-own", "b", 8, ServiceClass.GUARANTEED, started_at=1)
+    beyond = schedule_cycle(
+        make_cluster().nodes(1, gpus=8).holding("b-own", "node-0", tuple(range(8))).build(),
+        [job("a0", gpus=8, queue="a")],
+        [own],
+        cohort(b=8),
+        10,
+    )
+    assert beyond.preemptions == []
+    greedy = schedule_cycle(
+        make_cluster().nodes(1, gpus=8).holding("b-job", "node-0", tuple(range(8))).build(),
+        [job("a0", gpus=16, queue="a")],
+        [whole],
+        cohort(a=8, b=0),
+        10,
+    )
+    assert greedy.preemptions == []
 
 
 def test_borrowing_stops_at_the_borrowing_limit():

@@ -44,7 +44,7 @@ from gangshare.core.queueing import (
     policy_refusal,
 )
 from gangshare.core.queues import CohortBook
-from gangshare.core.reclaim import reclaim_over_lent
+from gangshare.core.reclaim import reclaim_for_waiting_lenders, reclaim_over_lent
 from gangshare.core.results import (
     Admission,
     CycleResult,
@@ -112,6 +112,7 @@ def schedule_cycle(
     # Phase 4
     if cohorts:
         reclaim_over_lent(cycle.result, policy, book, running, cluster, now)
+        reclaim_for_waiting_lenders(cycle.result, policy, book, running, now)
     # Phase 5
     return cycle.result
 
@@ -244,7 +245,10 @@ class _Cycle:
 
     def _borrow(self, job: QueuedJob) -> bool:
         """Beyond its quota a job may still run, as Opportunistic on the cohort's idle quota;
-        True when it stays blocked."""
+        True when it stays blocked. A gang whose GPU resource is fixed borrows whole idle
+        GPUs: still a borrower, reclaimed first, but never squeezed onto share slots."""
+        if job.gang.whole_gpus:
+            return not self._place(job, job.gang, borrowed=True)
         opportunistic = replace(job.gang, service_class=ServiceClass.OPPORTUNISTIC)
         return not self._place(job, opportunistic, borrowed=True)
 
@@ -292,7 +296,7 @@ class _Cycle:
 
     def _block(self, job: QueuedJob, reason: str, borrowed: bool = False) -> None:
         self.result.pending.append(Pending(job, reason))
-        # A borrower runs on share slots, not on free GPUs: it has nothing to reserve.
+        # A borrower runs on share slots or on idle GPUs it may lose: it has nothing to reserve.
         if (
             self.policy.backfill_of(job.queue)
             and job.service_class is ServiceClass.GUARANTEED

@@ -110,6 +110,10 @@ class GangRequest:
     gpu_memory_mib: int | None = None
     gpu_model: str | None = None
     constraints: PodConstraints = UNCONSTRAINED
+    # Its workers' GPU resource is fixed by someone else's template (a batch/v1 Job's, which
+    # the API server keeps immutable): it asks whole GPUs even when it borrows, so it borrows
+    # idle GPUs, never share slots beside a Guaranteed job.
+    whole_gpus: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1:

@@ -63,6 +63,8 @@ class WorkerIdentity:
     uid: str
     rank: int
     attempt: int
+    # Controlled by a batch/v1 Job (a queued Job's pod), not by the TrainingJob itself.
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ class JobHold:
     # The operator has committed to lifting every gate of this attempt (its GangScheduled
     # condition, written before the first gate comes off): the gang barrier is passed.
     lift_committed: bool = False
+    # A queued batch/v1 Job's (spec.jobRef): its workers are the Job's pods.
+    batch: bool = False
 
     def rank_owner(self, rank: int) -> str:
         return f"{self.key}/{rank}"
@@ -128,30 +132,36 @@ def gpu_request(pod: dict[str, Any]) -> tuple[ServiceClass, int] | None:
 
 
 def worker_identity(pod: dict[str, Any]) -> WorkerIdentity | None:
-    """Who the pod says it works for; the ledger checks the claim against the job itself."""
+    """Who the pod says it works for; the ledger checks the claim against the job itself. A
+    TrainingJob's worker is named `<job>-worker-<rank>` and controlled by the TrainingJob; a
+    queued batch/v1 Job's pod is controlled by that Job (the TrainingJob's spec.jobRef.uid),
+    and named by the Job controller."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     job = labels.get(JOB_LABEL)
     rank, attempt = str(labels.get(RANK_LABEL, "")), str(labels.get(ATTEMPT_LABEL, ""))
     if not job or not rank.isdigit() or not attempt.isdigit():
         return None
-    if meta.get("name") != worker_pod_name(job, int(rank)):
-        return None
     controller = next(
-        (
-            ref
-            for ref in meta.get("ownerReferences") or []
-            if ref.get("controller")
-            and ref.get("kind") == KIND
-            and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/")
-            and ref.get("name") == job
-        ),
-        None,
+        (ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None
     )
     if controller is None:
         return None
+    own = (
+        controller.get("kind") == KIND
+        and str(controller.get("apiVersion", "")).startswith(f"{GROUP}/")
+        and controller.get("name") == job
+        and meta.get("name") == worker_pod_name(job, int(rank))
+    )
+    batch = controller.get("kind") == "Job" and controller.get("apiVersion") == "batch/v1"
+    if not (own or batch):
+        return None
     return WorkerIdentity(
-        f"{meta.get('namespace')}/{job}", str(controller.get("uid")), int(rank), int(attempt)
+        f"{meta.get('namespace')}/{job}",
+        str(controller.get("uid")),
+        int(rank),
+        int(attempt),
+        batch=not own,
     )
 
 
@@ -229,10 +239,13 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
         c.get("type") == "GangScheduled" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    # A queued Job's pods are controlled by the Job: they answer to its uid.
+    ref = spec.get("jobRef") if isinstance(spec.get("jobRef"), dict) else None
+    uid = str(ref.get("uid", "")) if ref else str(meta.get("uid", ""))
     return (
         JobHold(
             key,
-            str(meta.get("uid", "")),
+            uid,
             int(status.get("attempt", 0) or 0),
             service_class,
             memory,
@@ -240,6 +253,7 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
             pod_constraints(template_spec),
             islands_required,
             lift_committed,
+            batch=ref is not None,
         ),
         None,
     )

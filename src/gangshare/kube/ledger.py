@@ -48,6 +48,8 @@ class Ledger:
         self._pods: dict[str, PodFacts] = {}
         self._jobs: dict[str, JobHold] = {}
         self._workers: dict[str, set[str]] = {}  # job key -> pods that name it
+        # (job key, rank) -> pods that name it (a queued Job's pods: their names are random)
+        self._ranked: dict[tuple[str, int], set[str]] = {}
         self._job_owners: dict[str, set[str]] = {}  # job key -> its rank claims
         self._claims: dict[str, Claim] = {}
         self._assumed: dict[str, Claim] = {}
@@ -113,6 +115,8 @@ class Ledger:
         hold = self._jobs.get(who.job)
         if hold is None or hold.uid != who.uid or hold.attempt != who.attempt:
             return None
+        if hold.batch != who.batch:
+            return None  # a TrainingJob's workers are its own pods, a queued Job's the Job's
         return hold if hold.plan_of(who.rank) is not None else None
 
     def verified_worker(self, facts: PodFacts) -> JobHold | None:
@@ -279,8 +283,10 @@ class Ledger:
         }
         if old is not None and old.identity is not None:
             self._workers.get(old.identity.job, set()).discard(owner)
+            self._ranked.get((old.identity.job, old.identity.rank), set()).discard(owner)
         if facts is not None and facts.identity is not None:
             self._workers.setdefault(facts.identity.job, set()).add(owner)
+            self._ranked.setdefault((facts.identity.job, facts.identity.rank), set()).add(owner)
         self._derive_pod(owner)
         # Only this worker's rank changes: re-deriving the whole gang on each of its pods'
         # events cost a 512-worker gang 512 x 512 steps per event.
@@ -333,11 +339,18 @@ class Ledger:
             self._put(hold.rank_owner(rank), self._rank_claim(hold, rank, *plan))
 
     def _rank_claim(self, hold: JobHold, rank: int, node: str, gpus: tuple[int, ...]) -> Claim:
-        """A rank's claim: its bound, current worker as a fact, else its plan. The worker is
-        found by name (`<job>-worker-<rank>`, the only name a worker may have)."""
+        """A rank's claim: its bound, current worker as a fact, else its plan. A TrainingJob's
+        worker is found by name (`<job>-worker-<rank>`, the only name a worker may have), a
+        queued Job's among the pods that name its rank."""
         owner = hold.rank_owner(rank)
         namespace, _, job = hold.key.partition("/")
-        worker = self._pods.get(pod_owner(namespace, worker_pod_name(job, rank)))
+        if hold.batch:
+            named = self._ranked.get((hold.key, rank), set())
+            found = [self._pods[o] for o in sorted(named) if o in self._pods]
+            bound = [f for f in found if f.node is not None and self.verified_worker(f) is hold]
+            worker = bound[0] if bound else None
+        else:
+            worker = self._pods.get(pod_owner(namespace, worker_pod_name(job, rank)))
         if (
             worker is not None
             and worker.node is not None

@@ -12,6 +12,7 @@ beside the containers', a plain init container's are reused by the containers).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping
 from decimal import ROUND_CEILING
 from typing import Any
@@ -29,6 +30,9 @@ from gangshare.kube.quantity import QuantityError, to_bytes, to_int
 
 GPU_RESOURCES = frozenset({GPU_RESOURCE, SHARE_RESOURCE})
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+# The scheduling gate a gang's workers are made behind (TrainingJob workers, a queued Job's
+# pods); the operator lifts every gate only once the whole gang exists.
+GANG_GATE = "gangshare.io/gang"
 
 
 def quantity(name: str, value: Any) -> int:
@@ -179,3 +183,16 @@ def requests_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, i
             continue
         _add(by_node.setdefault(node, {}), pod_requests(pod.get("spec") or {}))
     return by_node
+
+
+def pin_to_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    """The template's affinity with the planned node ANDed into every required term."""
+    affinity = copy.deepcopy(affinity or {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), pin]
+    required["nodeSelectorTerms"] = terms
+    return affinity

@@ -51,6 +51,16 @@ class InvalidSpec(ValueError):
 
 
 @dataclass(frozen=True)
+class JobRef:
+    """The workload object a TrainingJob queues for (a batch/v1 Job), as spec.jobRef names it."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class TrainingJobSpec:
     namespace: str
     name: str
@@ -73,6 +83,9 @@ class TrainingJobSpec:
     constraints: PodConstraints = field(default=UNCONSTRAINED)
     # spec.checkpoint.path: every attempt's GANGSHARE_CHECKPOINT_DIR.
     checkpoint_path: str | None = None
+    # spec.jobRef: the batch/v1 Job whose pods are this job's workers (kube/batchjob.py); the
+    # TrainingJob is then only its place in the queue, as a Kueue Workload is.
+    job_ref: JobRef | None = None
 
     @property
     def key(self) -> str:
@@ -108,6 +121,8 @@ class TrainingJobSpec:
             self.gpu_memory_mib,
             self.gpu_model,
             self.constraints,
+            # A Job's template fixes its GPU resource: borrowing cannot move it to share slots.
+            whole_gpus=self.job_ref is not None,
         )
 
     def queued(
@@ -209,7 +224,21 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         template=template,
         constraints=pod_constraints(template["spec"]),
         checkpoint_path=_checkpoint_path(spec.get("checkpoint"), template["spec"]),
+        job_ref=_job_ref(spec.get("jobRef")),
     )
+
+
+def _job_ref(raw: Any) -> JobRef | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(raw.get(k) for k in ("kind", "name", "uid")):
+        raise InvalidSpec("spec.jobRef: needs kind, name and uid")
+    if (raw.get("apiVersion"), raw.get("kind")) != ("batch/v1", "Job"):
+        raise InvalidSpec(
+            f"spec.jobRef: only batch/v1 Jobs are queued this way, got "
+            f"{raw.get('apiVersion')} {raw.get('kind')}"
+        )
+    return JobRef("batch/v1", "Job", str(raw["name"]), str(raw["uid"]))
 
 
 def _check_template(template: dict[str, Any]) -> None:

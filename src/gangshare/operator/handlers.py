@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 
 from gangshare.core.annotations import JOB_LABEL
+from gangshare.kube.batchjob import QUEUE_LABEL
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 from gangshare.operator.lifecycle import job_needs_reconcile
@@ -88,6 +89,14 @@ def build_registry(
             return
         if type != "DELETED" and namespace and job_needs_reconcile(body):
             reconcile_quietly(namespace, name, dict(body))
+        loop.poke()
+
+    @kopf.on.event("batch", "v1", "jobs", labels={QUEUE_LABEL: kopf.PRESENT}, registry=registry)
+    def batch_job_event(type: str, body: Mapping[str, Any], **_: Any) -> None:
+        # A labelled Job: queued through its TrainingJob (made here), and that one reconciled.
+        if type == "DELETED" or not leading() or reconciler.batch is None:
+            return
+        reconciler.batch.adopt_later(dict(body), reconciler.reconcile_later)
         loop.poke()
 
     @kopf.on.event(GROUP, VERSION, QUEUE_PLURAL, registry=registry)

@@ -45,6 +45,7 @@ class LeadershipLost(Exception):
 
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.events = client.EventsV1Api(api_client)
@@ -59,7 +60,7 @@ class KubeApi:
         # own calls aside). Without leader election it always may.
         self.fence: Callable[[], bool] = lambda: True
 
-    def _fenced(self, what: str) -> None:
+    def fenced(self, what: str) -> None:
         """Raises LeadershipLost instead of letting a replica that lost the lead write."""
         if not self.fence():
             raise LeadershipLost(f"{what} not made: this replica no longer holds the leader Lease")
@@ -143,7 +144,7 @@ class KubeApi:
 
     def create_queue(self, body: dict[str, Any]) -> bool:
         """Create a Queue; False when it exists already."""
-        self._fenced(f"create of Queue {(body.get('metadata') or {}).get('name')}")
+        self.fenced(f"create of Queue {(body.get('metadata') or {}).get('name')}")
         try:
             self.custom.create_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, body)
         except ApiException as err:
@@ -153,7 +154,7 @@ class KubeApi:
         return True
 
     def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
-        self._fenced(f"status write of Queue {name}")
+        self.fenced(f"status write of Queue {name}")
         try:
             self.custom.patch_cluster_custom_object_status(
                 GROUP, VERSION, QUEUE_PLURAL, name, {"status": status}
@@ -216,7 +217,7 @@ class KubeApi:
     def patch_job_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch status, conditional on the resourceVersion the decision was made from."""
         meta = job["metadata"]
-        self._fenced(f"status write of {meta['namespace']}/{meta['name']}")
+        self.fenced(f"status write of {meta['namespace']}/{meta['name']}")
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
         try:
             patched = cast(
@@ -235,10 +236,10 @@ class KubeApi:
 
     def create(self, kind: str, namespace: str, body: dict[str, Any]) -> bool:
         """Create a Pod or Service; False when it already exists (creation is idempotent)."""
-        self._fenced(f"create of {kind} {namespace}/{(body.get('metadata') or {}).get('name')}")
+        self.fenced(f"create of {kind} {namespace}/{(body.get('metadata') or {}).get('name')}")
         try:
             if kind == "Pod":
-                self._pod_written(
+                self.pod_written(
                     self.core.create_namespaced_pod(
                         namespace, cast(Any, body), _preload_content=False
                     )
@@ -249,7 +250,7 @@ class KubeApi:
             if err.status == 409:
                 return False
             if err.status == 422:
-                raise Invalid(_api_message(err)) from None
+                raise Invalid(api_message(err)) from None
             raise
         except ValidationError as err:
             # The client checks field types before sending: as permanent as a 422.
@@ -259,9 +260,9 @@ class KubeApi:
         return True
 
     def lift_gate(self, namespace: str, pod: str) -> None:
-        self._fenced(f"gate lift of pod {namespace}/{pod}")
+        self.fenced(f"gate lift of pod {namespace}/{pod}")
         try:
-            self._pod_written(
+            self.pod_written(
                 self.core.patch_namespaced_pod(
                     pod, namespace, {"spec": {"schedulingGates": None}}, _preload_content=False
                 )
@@ -272,20 +273,20 @@ class KubeApi:
 
     def nudge_pod(self, namespace: str, pod: str, mark: str) -> None:
         """A change to the pod itself, which is what makes kube-scheduler try it again."""
-        self._fenced(f"nudge of pod {namespace}/{pod}")
+        self.fenced(f"nudge of pod {namespace}/{pod}")
         body = {"metadata": {"annotations": {POD_GANG_READY: mark}}}
         try:
-            _drain(self.core.patch_namespaced_pod(pod, namespace, body, _preload_content=False))
+            drain(self.core.patch_namespaced_pod(pod, namespace, body, _preload_content=False))
         except ApiException as err:
             if err.status != 404:
                 raise
 
     def delete_pod(self, namespace: str, pod: str, force: bool = False) -> None:
         """Delete a pod; `force` removes it at once, for a pod whose kubelet is gone."""
-        self._fenced(f"delete of pod {namespace}/{pod}")
+        self.fenced(f"delete of pod {namespace}/{pod}")
         try:
             grace = 0 if force else None
-            _drain(
+            drain(
                 self.core.delete_namespaced_pod(
                     pod, namespace, grace_period_seconds=grace, _preload_content=False
                 )
@@ -294,11 +295,11 @@ class KubeApi:
             if err.status != 404:
                 raise
 
-    def _pod_written(self, response: Any) -> None:
+    def pod_written(self, response: Any) -> None:
         """Hand a pod this operator wrote to `on_pod_written` (the pod store assumes it, so
         the next reconcile's view already has it); otherwise only drain the answer."""
         if self.on_pod_written is None:
-            _drain(response)
+            drain(response)
             return
         data = response.read()
         response.release_conn()
@@ -317,7 +318,7 @@ class KubeApi:
         return str(refs[0].get("uid", "")) if refs else ""
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self._fenced(f"delete of {namespace}/{name}")
+        self.fenced(f"delete of {namespace}/{name}")
         try:
             self.custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
@@ -352,14 +353,14 @@ class KubeApi:
         )
 
 
-def _drain(response: Any) -> None:
+def drain(response: Any) -> None:
     """Read and let go of a raw response whose body nobody needs: turning each answer into the
     client's model objects was most of the operator's CPU while it created a large gang."""
     response.read()
     response.release_conn()
 
 
-def _api_message(err: ApiException) -> str:
+def api_message(err: ApiException) -> str:
     try:
         message: str = json.loads(err.body or "{}").get("message") or str(err.reason)
     except (ValueError, AttributeError):

@@ -73,9 +73,9 @@ def detect_actions(
     except InvalidSpec as err:
         if phase == "Failed":
             return Actions()
-        return _fail_invalid(status, str(err), seen.now, generation)
+        return fail_invalid(status, str(err), seen.now, generation)
     if phase is None:
-        return _enqueue(spec, status, seen.now, generation, first=True)
+        return enqueue(spec, status, seen.now, generation, first=True)
     attempt = int(status.get("attempt", 0))
     current, stale = _split_pods(seen.pods, attempt, spec.uid)
     actions = Actions(delete_pods=[_name(p) for p in stale if not is_deleting(p)])
@@ -96,7 +96,7 @@ def detect_actions(
     elif phase == "Restarting":
         _finish_restart(spec, status, stale, seen.now, generation, actions)
     elif phase == "Queued" and spec.moved_since_queued(status):
-        _back_of_the_line(spec, status, seen.now, generation, actions)
+        back_of_the_line(spec, status, seen.now, generation, actions)
     elif phase in TERMINAL:
         _after_finish(spec, status, current, seen.now, actions)
     if (
@@ -112,11 +112,13 @@ def job_needs_reconcile(job: Mapping[str, Any]) -> bool:
     """Whether the TrainingJob itself, its pods aside, can give the reconciler work (asked
     on its own watch events and by the backstop resync). A Queued job whose status is current
     has none: its pods (of an earlier attempt) send their own events, and each pending-reason
-    write would otherwise cost a reconcile (three reads) per job."""
+    write would otherwise cost a reconcile (three reads) per job. A batch/v1 Job's
+    TrainingJob always has: its reasons are mirrored onto the Job."""
     meta = job.get("metadata") or {}
     status = job.get("status") or {}
     return (
         status.get("phase") != "Queued"
+        or bool((job.get("spec") or {}).get("jobRef"))
         or bool(meta.get("deletionTimestamp"))
         or status.get("observedGeneration") != meta.get("generation")
     )
@@ -125,7 +127,7 @@ def job_needs_reconcile(job: Mapping[str, Any]) -> bool:
 # ----- phases ------------------------------------------------------------------------------------
 
 
-def _enqueue(
+def enqueue(
     spec: TrainingJobSpec, status: dict[str, Any], now: float, gen: int, first: bool
 ) -> Actions:
     message = f"waiting for {spec.workers}x{spec.gpus_per_worker} GPUs in queue {spec.queue}"
@@ -152,7 +154,7 @@ def _enqueue(
     return Actions(status=patch, events=[event])
 
 
-def _back_of_the_line(
+def back_of_the_line(
     spec: TrainingJobSpec, status: dict[str, Any], now: float, gen: int, actions: Actions
 ) -> None:
     """A place in line is held in one queue at one priority: a job moved while it waits (the
@@ -283,25 +285,25 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
         )
         actions.events.append(Event("Normal", "Completed", message))
     elif status.get("phase") == "Admitted" and all(ph in ("Running", "Succeeded") for ph in phases):
-        message = f"all {spec.workers} workers running"
-        actions.status.update(
-            {
-                "phase": "Running",
-                "startedAt": iso(seen.now),
-                "startFailures": 0,
-                "message": message,
-                "conditions": set_condition(
-                    status.get("conditions"),
-                    "Running",
-                    True,
-                    "AllWorkersRunning",
-                    message,
-                    seen.now,
-                    gen,
-                ),
-            }
-        )
-        actions.events.append(Event("Normal", "Running", message))
+        start_running(status, f"all {spec.workers} workers running", seen.now, gen, actions)
+
+
+def start_running(
+    status: dict[str, Any], message: str, now: float, gen: int, actions: Actions
+) -> None:
+    """An admitted gang all of whose workers run (or already finished) is Running."""
+    actions.status.update(
+        {
+            "phase": "Running",
+            "startedAt": iso(now),
+            "startFailures": 0,
+            "message": message,
+            "conditions": set_condition(
+                status.get("conditions"), "Running", True, "AllWorkersRunning", message, now, gen
+            ),
+        }
+    )
+    actions.events.append(Event("Normal", "Running", message))
 
 
 def as_admitted(spec: TrainingJobSpec, job: dict[str, Any]) -> TrainingJobSpec:
@@ -324,7 +326,7 @@ def _finish_restart(
     if now < due:
         wake(actions, due - now)
         return
-    queued = _enqueue(spec, status, now, gen, first=False)
+    queued = enqueue(spec, status, now, gen, first=False)
     actions.status.update(queued.status)
     actions.events += queued.events
 
@@ -350,7 +352,7 @@ def _after_finish(
             wake(actions, done + ttl - now)
 
 
-def _fail_invalid(status: dict[str, Any], message: str, now: float, gen: int) -> Actions:
+def fail_invalid(status: dict[str, Any], message: str, now: float, gen: int) -> Actions:
     conditions = set_condition(
         status.get("conditions"), "Failed", True, "InvalidSpec", message, now, gen
     )

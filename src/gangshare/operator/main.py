@@ -176,6 +176,8 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from gangshare.kube.client import connect
+    from gangshare.operator.batch_reconcile import BatchReconciler
+    from gangshare.operator.batchapi import BatchApi
     from gangshare.operator.handlers import build_registry, pod_listener
     from gangshare.operator.informers import Informers
     from gangshare.operator.kubeapi import KubeApi
@@ -241,6 +243,10 @@ def run_operator(args: argparse.Namespace) -> int:
         )
     metrics.leader.set_function(lambda: float(leading()))
     reconciler = Reconciler(api, clock, options, metrics)
+    # batch/v1 Jobs labelled gangshare.io/queue are queued as gangs too (kube/batchjob.py).
+    reconciler.batch = BatchReconciler(
+        api, BatchApi(api), clock, options.limits, options.backoff_base_seconds
+    )
     # The loop reads from watch-fed stores; a standby keeps them warm too, so a new leader's
     # first pass needs no listing.
     informers, watching = Informers(), threading.Event()

@@ -25,6 +25,7 @@ from gangshare.core.annotations import (
     encode_gpu_indices,
 )
 from gangshare.core.job import ServiceClass
+from gangshare.kube.scheduling import GANG_GATE, pin_to_node
 from gangshare.kube.trainingjob import (
     API_VERSION,
     KIND,
@@ -33,7 +34,6 @@ from gangshare.kube.trainingjob import (
     worker_pod_name,
 )
 
-GANG_GATE = "gangshare.io/gang"
 # Kubernetes' terminationGracePeriodSeconds when a pod sets none.
 KUBERNETES_DEFAULT_GRACE_SECONDS = 30
 SCHEDULER_NAME = "gangshare-scheduler"
@@ -165,19 +165,6 @@ def attempt_env(job: TrainingJobSpec, attempt: int, grace: Any) -> dict[str, str
     if job.checkpoint_path is not None:
         env["GANGSHARE_CHECKPOINT_DIR"] = job.checkpoint_path
     return env
-
-
-def pin_to_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
-    """The template's affinity with the planned node ANDed into every required term."""
-    affinity = copy.deepcopy(affinity or {})
-    node_affinity = affinity.setdefault("nodeAffinity", {})
-    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
-    terms = required.get("nodeSelectorTerms") or [{}]
-    for term in terms:
-        term["matchFields"] = [*(term.get("matchFields") or []), pin]
-    required["nodeSelectorTerms"] = terms
-    return affinity
 
 
 def headless_service(job: TrainingJobSpec) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from gangshare.core.clock import Clock
 from gangshare.operator.actions import Actions, Displacement, Observation
+from gangshare.operator.batch_reconcile import BatchReconciler
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.informers import newer
 from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi, LeadershipLost
@@ -96,6 +97,11 @@ def creates_nothing(job: dict[str, Any], actions: Actions) -> bool:
     )
 
 
+def _queues_a_job(job: dict[str, Any]) -> bool:
+    """A TrainingJob that only holds a batch/v1 Job's place (batch_reconcile.py acts for it)."""
+    return bool((job.get("spec") or {}).get("jobRef"))
+
+
 def forward_status_step(job: dict[str, Any], actions: Actions) -> bool:
     """Actions that only write status (and events) taking a new job to Queued or an admitted
     gang to Running: what most watch events of a healthy job ask for."""
@@ -140,6 +146,9 @@ class Reconciler:
         # events and backstop visits find none, and at 4,000 jobs those reads were most of the
         # API server's load (bench/scale.py: 26 of 47 requests per job).
         self.cached: CachedReads | None = None
+        # Reconciles the TrainingJobs that queue batch/v1 Jobs (spec.jobRef); None: such
+        # TrainingJobs are left alone (the operator runs without Job support).
+        self.batch: BatchReconciler | None = None
 
     def due(self, now: float) -> list[str]:
         """Jobs whose requested wake-up time has come."""
@@ -258,7 +267,7 @@ class Reconciler:
         job = cached.job(f"{namespace}/{name}")
         if seen is not None and newer(seen, job):
             job = seen
-        if job is None or job["metadata"].get("deletionTimestamp"):
+        if job is None or job["metadata"].get("deletionTimestamp") or _queues_a_job(job):
             return False, None
         pods = cached.pods(namespace, name)
         observed = Observation(
@@ -298,6 +307,8 @@ class Reconciler:
             job = self.api.get_job(namespace, name)
             if job is None or job["metadata"].get("deletionTimestamp"):
                 return None
+            if _queues_a_job(job):
+                return None if self.batch is None else self.batch.reconcile(job, displaced)
             pods = self.api.list_job_pods(namespace, name)
             beside = tuple(p for n in nodes_to_look_beside(job, pods) for p in self.pods_on_node(n))
             actions = self._decide(

@@ -20,6 +20,7 @@ from typing import Any
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.core.clock import Clock
 from gangshare.core.cycle import Admission, CycleResult, schedule_cycle
+from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import QueuePolicy, RunningJob
 from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
 from gangshare.kube.claims import job_key
@@ -331,8 +332,14 @@ class SchedulerLoop:
         relaxed = " (topology preference relaxed)" if plan.relaxed else ""
         message = f"admitted: {len(plan.placements)} worker(s) on {nodes}{relaxed}"
         if admission.borrowed:
+            # A gang whose GPU resource is fixed (a batch/v1 Job's) borrows whole idle GPUs.
+            how = (
+                "on idle whole GPUs"
+                if admission.service_class is ServiceClass.GUARANTEED
+                else "as Opportunistic"
+            )
             message = (
-                f"admitted as Opportunistic on borrowed quota ({admission.job.gpus} GPUs beyond "
+                f"admitted {how} on borrowed quota ({admission.job.gpus} GPUs beyond "
                 f"queue {admission.job.queue}'s quota; reclaimed first when lenders return): "
                 f"{len(plan.placements)} worker(s) on {nodes}{relaxed}"
             )

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from gangshare.core.annotations import GANG_BARRIER_REFUSAL, POD_GANG_READY
+from gangshare.kube.scheduling import GANG_GATE
 from gangshare.kube.snapshot import parse_time
 from gangshare.operator.actions import Observation
 from gangshare.operator.conditions import condition
-from gangshare.operator.manifests import GANG_GATE
 from gangshare.operator.requeue import Release, start_timeout_delay
 
 Pods = Mapping[int, dict[str, Any]]

@@ -18,6 +18,7 @@ from lease_fakes import NOW, Clock, FakeLeases, elector
 from gangshare.core.clock import ManualClock
 from gangshare.core.queueing import QueuePolicy
 from gangshare.kube.queue import default_queue_object
+from gangshare.operator.batchapi import BatchApi
 from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import KubeApi, LeadershipLost
 from gangshare.operator.leader import LEASE_DURATION_SECONDS, LeaderElector
@@ -170,6 +171,14 @@ EVERY_WRITE: list[tuple[str, Any]] = [
     ("delete_job", lambda api: api.delete_job("team", "j")),
     ("create_queue", lambda api: api.create_queue({"metadata": {"name": "default"}})),
     ("patch_queue_status", lambda api: api.patch_queue_status("default", {"pending": 0})),
+    # A queued batch/v1 Job's writes (operator/batchapi.py).
+    ("patch batch job", lambda api: BatchApi(api).patch("team", "train", {"spec": {}})),
+    ("patch pod", lambda api: BatchApi(api).patch_pod("team", "train-0-x", {"metadata": {}})),
+    (
+        "create workload",
+        lambda api: BatchApi(api).create_workload({"metadata": {"name": "j", "namespace": "t"}}),
+    ),
+    ("patch workload", lambda api: BatchApi(api).patch_workload_spec("team", "j", {"queue": "q"})),
 ]
 
 

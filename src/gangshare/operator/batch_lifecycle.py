@@ -1,0 +1,351 @@
+"""What a queued batch/v1 Job's TrainingJob needs next (pure `detect_*`, as lifecycle.py).
+
+The TrainingJob holds the Job's place in its queue and, once admitted, its plan; the Job
+controller makes and retries the pods. So this lifecycle never creates or deletes a pod: it
+suspends and resumes the Job, and turns each gated pod of the admitted attempt into its rank's
+worker. A pod the Job controller replaces comes back gated and is given the same rank's place;
+the Job's own Complete or Failed condition ends the TrainingJob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
+from gangshare.core.job import ServiceClass
+from gangshare.kube.batchjob import (
+    STATUS_ANNOTATION,
+    job_finished,
+    job_suspended,
+    may_resume,
+    pod_rank,
+    resume_patch,
+    resumed_attempt,
+    suspend_patch,
+    template_frozen,
+    template_prepared,
+    ungate_patch,
+)
+from gangshare.kube.claims import admitted_class
+from gangshare.kube.snapshot import parse_time
+from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
+from gangshare.operator.actions import Actions, Displacement, Event, Observation
+from gangshare.operator.conditions import condition, iso, set_condition
+from gangshare.operator.lifecycle import (
+    Limits,
+    back_of_the_line,
+    enqueue,
+    fail_invalid,
+    start_running,
+)
+from gangshare.operator.requeue import (
+    Release,
+    release_gang,
+    requeue_off_island,
+    requeue_preempted,
+    start_timeout_delay,
+)
+from gangshare.operator.starting import gated
+
+HOLDING = ("Admitted", "Running")
+TERMINAL = ("Succeeded", "Failed")
+FROZEN = (
+    "spec.suspend: the Job ran before gangshare admitted it, and a Job that has run keeps its "
+    "pod template, so its pods cannot be gated as a gang: delete it and create it with "
+    "suspend: true"
+)
+
+
+@dataclass
+class BatchActions:
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)  # about the TrainingJob
+    job_events: list[Event] = field(default_factory=list)  # about the Job
+    job_patch: dict[str, Any] | None = None  # suspend, or resume for the admitted attempt
+    ungate: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (pod, patch)
+    note: str | None = None  # the Job's gangshare.io/status annotation, when it must change
+    requeue_after: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.status
+            or self.events
+            or self.job_events
+            or self.job_patch
+            or self.ungate
+            or self.note is not None
+        )
+
+    def take(self, actions: Actions) -> None:
+        """What a shared step (enqueue, release, requeue) decided about the TrainingJob."""
+        self.status.update(actions.status)
+        self.events += actions.events
+        if actions.requeue_after is not None:
+            _wake(self, actions.requeue_after)
+
+
+@dataclass(frozen=True)
+class BatchObservation:
+    workload: dict[str, Any]  # the TrainingJob
+    job: dict[str, Any] | None  # the batch/v1 Job it queues (None: gone)
+    pods: list[dict[str, Any]]  # pods labelled as the workload's, any attempt
+    now: float
+    displaced: Displacement | None = None
+
+
+def detect_batch_actions(
+    seen: BatchObservation, limits: Limits | None = None, backoff_base_seconds: float = 10.0
+) -> BatchActions:
+    limits = limits or Limits()
+    workload, job = seen.workload, seen.job
+    actions = BatchActions()
+    if job is None:
+        return actions  # the garbage collector removes the TrainingJob with its Job
+    status = workload.get("status") or {}
+    phase = status.get("phase")
+    gen = int((workload.get("metadata") or {}).get("generation", 0))
+    try:
+        spec = parse_trainingjob(workload)
+    except InvalidSpec as err:
+        if phase != "Failed":
+            actions.take(fail_invalid(status, str(err), seen.now, gen))
+    else:
+        finished = job_finished(job)
+        if phase in TERMINAL:
+            pass
+        elif finished is not None:
+            _finish(status, finished, seen.now, gen, actions)
+        elif phase is None:
+            actions.take(enqueue(spec, status, seen.now, gen, first=True))
+        elif phase == "Queued" and spec.moved_since_queued(status):
+            moved = Actions()
+            back_of_the_line(spec, status, seen.now, gen, moved)
+            actions.take(moved)
+        elif phase in HOLDING:
+            _advance(spec, seen, status, gen, limits, backoff_base_seconds, actions)
+    after = actions.status.get("phase", phase)
+    unsuspended = not job_suspended(job) and actions.job_patch is None
+    if after not in HOLDING and unsuspended and job_finished(job) is None:
+        # Not admitted (or admitted no more): the Job must not run outside its queue.
+        actions.job_patch = suspend_patch()
+        why = actions.status.get("message") or status.get("message") or "waiting for admission"
+        actions.job_events.append(Event("Normal", "Suspended", f"suspended by gangshare: {why}"))
+    message = actions.status.get("message", status.get("message"))
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    if message and annotations.get(STATUS_ANNOTATION) != f"{after}: {message}":
+        actions.note = f"{after}: {message}"
+    return actions
+
+
+def _finish(
+    status: dict[str, Any], finished: tuple[str, str], now: float, gen: int, actions: BatchActions
+) -> None:
+    phase, message = finished
+    conditions = set_condition(
+        status.get("conditions"),
+        "Completed" if phase == "Succeeded" else "Failed",
+        True,
+        "JobCompleted" if phase == "Succeeded" else "JobFailed",
+        message,
+        now,
+        gen,
+    )
+    conditions = set_condition(conditions, "Running", False, phase, message, now, gen)
+    actions.status.update(
+        {"phase": phase, "completedAt": iso(now), "message": message, "conditions": conditions}
+    )
+    actions.events.append(Event("Normal" if phase == "Succeeded" else "Warning", phase, message))
+
+
+def _advance(
+    spec: TrainingJobSpec,
+    seen: BatchObservation,
+    status: dict[str, Any],
+    gen: int,
+    limits: Limits,
+    backoff_base_seconds: float,
+    actions: BatchActions,
+) -> None:
+    job = seen.job or {}
+    attempt = int(status.get("attempt", 0))
+    if _released(seen, status, gen, limits, backoff_base_seconds, actions):
+        return
+    decided = admitted_class(seen.workload)
+    name = str(seen.workload["metadata"]["name"])
+    if job_suspended(job) or resumed_attempt(job) != attempt:
+        if not job_suspended(job):
+            # Running for another attempt (or resumed by hand): suspended first, resumed after.
+            actions.job_patch = suspend_patch()
+        elif not template_prepared(job, name) and template_frozen(job):
+            actions.take(fail_invalid(status, FROZEN, seen.now, gen))
+        elif may_resume(job):
+            actions.job_patch = resume_patch(job, name, attempt)
+            actions.job_events.append(
+                Event("Normal", "Resumed", status.get("message") or "admitted by gangshare")
+            )
+        # else: its controller is still suspending it; the Job's status event wakes us.
+        return
+    live = _current_pods(seen.pods, job, attempt)
+    placement = {
+        int(w["rank"]): (str(w["node"]), [int(g) for g in w.get("gpus") or []])
+        for w in status.get("placement") or []
+    }
+    committed = _is_true(status, "GangScheduled")
+    if not committed and len(live) < spec.workers:
+        return  # the Job controller is still making the gang's pods
+    memory = spec.gpu_memory_mib if decided is ServiceClass.OPPORTUNISTIC else None
+    actions.ungate = _ungates(live, placement, spec.workers, attempt, decided, memory)
+    if not committed:
+        message = f"all {spec.workers} pods of the Job exist; scheduling gates lifted together"
+        actions.status["conditions"] = set_condition(
+            status.get("conditions"),
+            "GangScheduled",
+            True,
+            "AllWorkersCreated",
+            message,
+            seen.now,
+            gen,
+        )
+        actions.events.append(Event("Normal", "GangScheduled", message))
+        return
+    started = [
+        p
+        for p in live
+        if (p.get("spec") or {}).get("nodeName")
+        and (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
+    ]
+    done = [p for p in _of_attempt(seen.pods, job, attempt) if _phase(p) == "Succeeded"]
+    if status.get("phase") == "Admitted" and len(started) + len(done) >= spec.workers:
+        running = Actions()
+        start_running(status, f"all {spec.workers} pods of the Job running", seen.now, gen, running)
+        actions.take(running)
+
+
+def _released(
+    seen: BatchObservation,
+    status: dict[str, Any],
+    gen: int,
+    limits: Limits,
+    backoff_base_seconds: float,
+    actions: BatchActions,
+) -> bool:
+    """Reclaimed, off its islands, displaced before it started, or not started in time: the
+    TrainingJob goes back to Queued (place and retries kept) and the Job is suspended."""
+    observed = Observation(seen.workload, [], True, seen.now, seen.displaced)
+    shared = Actions()
+    displaced = observed.displaced_now(status)
+    released = requeue_preempted(status, {}, observed, gen, shared) or requeue_off_island(
+        status, {}, observed, gen, shared, backoff_base_seconds
+    )
+    if not released and status.get("phase") == "Admitted":
+        if displaced is not None:
+            why = f"{displaced.reason}; requeued, keeping its place in the queue"
+            release_gang(status, {}, Release("GangDisplaced", why), seen.now, gen, shared)
+            released = True
+        else:
+            admitted = parse_time(status.get("admittedAt")) or seen.now
+            left = admitted + limits.start_timeout_seconds - seen.now
+            if left <= 0:
+                delay = start_timeout_delay(status, backoff_base_seconds)
+                why = (
+                    f"the Job's pods were not all running within "
+                    f"{limits.start_timeout_seconds:.0f}s of admission; requeued in {delay:.0f}s"
+                )
+                timeout = Release("GangStartTimeout", why, delay, timed_out=True)
+                release_gang(status, {}, timeout, seen.now, gen, shared)
+                released = True
+            else:
+                _wake(actions, left)
+    if not released:
+        return False
+    actions.take(shared)
+    job = seen.job or {}
+    if not job_suspended(job):
+        actions.job_patch = suspend_patch()
+    message = str(shared.status.get("message", ""))
+    actions.job_events.append(Event("Warning", "Suspended", f"suspended by gangshare: {message}"))
+    return True
+
+
+def _ungates(
+    live: list[dict[str, Any]],
+    placement: dict[int, tuple[str, list[int]]],
+    workers: int,
+    attempt: int,
+    service_class: ServiceClass,
+    memory_mib: int | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Each gated pod of the attempt made its rank's worker: an Indexed Job's pod is its index,
+    any other takes the lowest rank no live pod holds (a replacement takes its predecessor's)."""
+    held = {
+        int(str(_labels(p).get(RANK_LABEL)))
+        for p in live
+        if not gated(p) and str(_labels(p).get(RANK_LABEL, "")).isdigit()
+    }
+    free = [r for r in range(workers) if r not in held and r in placement]
+    out = []
+    for pod in sorted((p for p in live if gated(p)), key=_created):
+        rank = pod_rank(pod)
+        if rank is None or rank in held or rank not in placement:
+            rank = next((r for r in free if r not in held), None)
+        if rank is None:
+            continue  # more pods than the gang has places: the surplus waits gated
+        held.add(rank)
+        patch = ungate_patch(pod, rank, attempt, placement[rank], service_class, memory_mib)
+        out.append((str(pod["metadata"]["name"]), patch))
+    return out
+
+
+# ----- helpers ----------------------------------------------------------------------------------
+
+
+def _labels(pod: dict[str, Any]) -> dict[str, Any]:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def _phase(pod: dict[str, Any]) -> str | None:
+    return (pod.get("status") or {}).get("phase")
+
+
+def _created(pod: dict[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("creationTimestamp", "")), str(meta.get("name", ""))
+
+
+def _of_attempt(pods: list[dict[str, Any]], job: dict[str, Any], attempt: int) -> list[Any]:
+    """The Job's own pods (its controller's: labels alone prove nothing) of this attempt: those
+    given it, and those still gated without one. The Job is resumed only once its controller
+    has no pod of the last run active, so a gated pod is always of the running attempt."""
+    uid = (job.get("metadata") or {}).get("uid")
+    return [
+        p
+        for p in pods
+        if (
+            _labels(p).get(ATTEMPT_LABEL) == str(attempt)
+            or (gated(p) and ATTEMPT_LABEL not in _labels(p))
+        )
+        and any(
+            r.get("controller") and r.get("uid") == uid
+            for r in (p.get("metadata") or {}).get("ownerReferences") or []
+        )
+    ]
+
+
+def _current_pods(pods: list[dict[str, Any]], job: dict[str, Any], attempt: int) -> list[Any]:
+    return [
+        p
+        for p in _of_attempt(pods, job, attempt)
+        if _phase(p) not in TERMINAL and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+
+
+def _wake(actions: BatchActions, seconds: float) -> None:
+    if actions.requeue_after is None or seconds < actions.requeue_after:
+        actions.requeue_after = max(0.0, seconds)
+
+
+def _is_true(status: dict[str, Any], kind: str) -> bool:
+    found = condition(status.get("conditions"), kind)
+    return bool(found and found.get("status") == "True")

@@ -1,0 +1,198 @@
+"""Carry out what `batch_lifecycle` decided for a queued batch/v1 Job, and adopt new ones.
+
+Order matters as in reconcile.py: the TrainingJob's status is written first (conditional on
+the version decided from), so GangScheduled commits the lift before any gate comes off and a
+release is recorded before the Job is suspended; a crash anywhere leaves a state the next
+reconcile finishes from. Adoption turns each labelled Job into its TrainingJob; a labelled Job
+that is no gang gets the reason on itself (event and annotation) and stays suspended.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from gangshare.core.clock import Clock
+from gangshare.kube.batchjob import (
+    STATUS_ANNOTATION,
+    is_queued_job,
+    job_finished,
+    job_suspended,
+    parse_queued_job,
+    status_annotation_patch,
+    suspend_patch,
+    workload,
+)
+from gangshare.kube.trainingjob import InvalidSpec
+from gangshare.operator.actions import Displacement
+from gangshare.operator.batch_lifecycle import (
+    BatchActions,
+    BatchObservation,
+    detect_batch_actions,
+)
+from gangshare.operator.batchapi import BatchApi
+from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
+from gangshare.operator.lifecycle import Limits
+
+log = logging.getLogger("gangshare.operator")
+MAX_PASSES = 4
+ADOPT_WORKERS = 4
+# What a queued Job may change while it waits: its place in line (the TrainingJob's CRD
+# allows these only while it is Queued).
+MOVABLE = ("queue", "priority")
+
+
+class BatchReconciler:
+    def __init__(
+        self,
+        api: KubeApi,
+        batch: BatchApi,
+        clock: Clock,
+        limits: Limits | None = None,
+        backoff_base_seconds: float = 10.0,
+    ) -> None:
+        self.api = api
+        self.batch = batch
+        self.clock = clock
+        self.limits = limits or Limits()
+        self.backoff_base_seconds = backoff_base_seconds
+        self._adopting = ThreadPoolExecutor(ADOPT_WORKERS, thread_name_prefix="batch-adopt")
+
+    # ----- the TrainingJob's reconcile -------------------------------------------------------
+
+    def reconcile(self, workload: dict[str, Any], displaced: Displacement | None) -> float | None:
+        """One step for a Job's TrainingJob (read afresh from the API server by the caller)."""
+        meta = workload["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        ref = (workload.get("spec") or {}).get("jobRef") or {}
+        for _ in range(MAX_PASSES):
+            job = self.batch.get(namespace, str(ref.get("name", "")))
+            if job is not None and job["metadata"].get("uid") != ref.get("uid"):
+                job = None  # a new Job of the same name: this TrainingJob's owner is gone
+            pods = self.api.list_job_pods(namespace, name)
+            seen = BatchObservation(workload, job, pods, self.clock.now(), displaced)
+            actions = detect_batch_actions(seen, self.limits, self.backoff_base_seconds)
+            if actions.empty:
+                return actions.requeue_after
+            try:
+                self.process(workload, job, actions)
+            except Conflict:
+                fresh = self.api.get_job(namespace, name)
+                if fresh is None:
+                    return None
+                workload = fresh
+                continue
+            return actions.requeue_after
+        return None
+
+    def process(
+        self, workload: dict[str, Any], job: dict[str, Any] | None, actions: BatchActions
+    ) -> None:
+        namespace = workload["metadata"]["namespace"]
+        if actions.status:
+            self.api.patch_job_status(workload, actions.status)
+        for event in actions.events:
+            self.api.post_event(workload, event.type, event.reason, event.message, "Reconcile")
+        if job is None:
+            return
+        job_name = job["metadata"]["name"]
+        if actions.job_patch is not None:
+            self.batch.patch(namespace, job_name, actions.job_patch)
+        failed = []
+        for pod, patch in actions.ungate:
+            try:
+                self.batch.patch_pod(namespace, pod, patch)
+            except Invalid as err:
+                failed.append(f"{pod}: {err}")
+        if failed:
+            # The API server refused to pin a gated pod to its place: the start deadline
+            # releases the gang; the reason goes where its author looks.
+            message = "pods refused their planned places: " + "; ".join(failed)
+            self.batch.post_event(job, "Warning", "PlacementRefused", message, "Schedule")
+            log.warning("%s/%s: %s", namespace, job_name, message)
+        for event in actions.job_events:
+            self.batch.post_event(job, event.type, event.reason, event.message, "Reconcile")
+            log.info("%s/%s %s: %s", namespace, job_name, event.reason, event.message)
+        if actions.note is not None:
+            self.batch.patch(namespace, job_name, status_annotation_patch(actions.note))
+
+    # ----- adoption (the Job's own watch events) ---------------------------------------------
+
+    def adopt_later(self, job: dict[str, Any], then: Any) -> None:
+        """adopt() on the adoption workers (a watch thread must not wait on API calls); `then`
+        is told the TrainingJob's name when there is one to reconcile."""
+
+        def run() -> None:
+            try:
+                name = self.adopt(job)
+            except Exception:  # the Job's next event or the resync tries again
+                log.exception("adoption of Job %s failed", _key(job))
+                return
+            if name is not None:
+                then(job["metadata"]["namespace"], name)
+
+        self._adopting.submit(run)
+
+    def adopt(self, job: dict[str, Any]) -> str | None:
+        """The labelled Job's TrainingJob, created or brought up to date; its name, or None
+        when the Job is no gang (then it says why and stays suspended)."""
+        meta = job["metadata"]
+        if meta.get("deletionTimestamp") or not is_queued_job(job):
+            return None
+        namespace = meta["namespace"]
+        try:
+            spec = parse_queued_job(job)
+        except InvalidSpec as err:
+            self._refuse(job, str(err))
+            return None
+        wanted = workload(spec)
+        name = str(wanted["metadata"]["name"])
+        existing = self.api.get_job(namespace, name)
+        if existing is None:
+            if not job_suspended(job) and job_finished(job) is None:
+                # Only reachable without the admission policy: stop it before it runs on.
+                self.batch.patch(namespace, meta["name"], suspend_patch())
+                self.batch.post_event(
+                    job,
+                    "Warning",
+                    "Suspended",
+                    "spec.suspend: a Job queued by gangshare is created suspended; suspended "
+                    "until its queue admits it",
+                    "Adopt",
+                )
+            try:
+                self.batch.create_workload(wanted)
+            except Invalid as err:
+                self._refuse(job, f"its TrainingJob was refused: {err}")
+                return None
+            log.info("Job %s/%s queued as TrainingJob %s", namespace, meta["name"], name)
+            return name
+        ref = (existing.get("spec") or {}).get("jobRef") or {}
+        if ref.get("uid") != meta.get("uid"):
+            return None  # the TrainingJob of a deleted Job of that name, not yet collected
+        asked = wanted["spec"]
+        moved = {k: asked[k] for k in MOVABLE if existing["spec"].get(k) != asked[k]}
+        phase = (existing.get("status") or {}).get("phase")
+        if moved and phase in (None, "Queued"):
+            try:
+                self.batch.patch_workload_spec(namespace, name, moved)
+            except Invalid as err:
+                self.batch.post_event(job, "Warning", "NotMoved", str(err), "Adopt")
+        return name
+
+    def _refuse(self, job: dict[str, Any], message: str) -> None:
+        meta = job["metadata"]
+        note = f"Invalid: {message}"
+        if ((meta.get("annotations") or {}).get(STATUS_ANNOTATION)) == note:
+            return  # said already
+        if not job_suspended(job) and job_finished(job) is None:
+            self.batch.patch(meta["namespace"], meta["name"], suspend_patch())
+        self.batch.patch(meta["namespace"], meta["name"], status_annotation_patch(note))
+        self.batch.post_event(job, "Warning", "InvalidSpec", message, "Adopt")
+        log.warning("Job %s not queued: %s", _key(job), message)
+
+
+def _key(job: dict[str, Any]) -> str:
+    meta = job.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"

@@ -1,0 +1,116 @@
+"""The operator's calls for queued batch/v1 Jobs: the Job, its pods' patches, its TrainingJob.
+
+Beside KubeApi (same client, same fence: a replica that lost the lead writes nothing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gangshare.kube.client import post_event
+from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
+from gangshare.operator.kubeapi import REPORTING_CONTROLLER, Invalid, KubeApi, api_message, drain
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class BatchApi:
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self.batch = client.BatchV1Api(api.api_client)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = self.batch.read_namespaced_job(name, namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], json.loads(response.data))  # type: ignore[attr-defined]
+
+    def _write(self, what: str, call: Callable[[], Any]) -> Any:
+        """A fenced write; None when its object is gone, Invalid when refused for good."""
+        self.api.fenced(what)
+        try:
+            return call()
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            if err.status == 422:
+                raise Invalid(api_message(err)) from None
+            raise
+
+    def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        response = self._write(
+            f"patch of Job {namespace}/{name}",
+            lambda: self.batch.patch_namespaced_job(
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            ),
+        )
+        if response is not None:
+            drain(response)
+
+    def patch_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        response = self._write(
+            f"patch of pod {namespace}/{name}",
+            lambda: self.api.core.patch_namespaced_pod(
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            ),
+        )
+        if response is not None:
+            self.api.pod_written(response)
+
+    def create_workload(self, body: dict[str, Any]) -> bool:
+        """Create a Job's TrainingJob; False when it exists already."""
+        meta = body["metadata"]
+        self.api.fenced(f"create of TrainingJob {meta['namespace']}/{meta['name']}")
+        try:
+            self.api.custom.create_namespaced_custom_object(
+                GROUP, VERSION, meta["namespace"], PLURAL, body
+            )
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            if err.status == 422:
+                raise Invalid(api_message(err)) from None
+            raise
+        return True
+
+    def patch_workload_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        self._write(
+            f"spec write of TrainingJob {namespace}/{name}",
+            lambda: self.api.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, {"spec": spec}
+            ),
+        )
+
+    def post_event(
+        self, job: dict[str, Any], kind: str, reason: str, message: str, action: str
+    ) -> None:
+        """An event about the Job itself: `kubectl describe job` shows it."""
+        if not self.api.fence():
+            return
+        meta = job["metadata"]
+        regarding = client.V1ObjectReference(
+            api_version="batch/v1",
+            kind="Job",
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta.get("uid"),
+            resource_version=meta.get("resourceVersion"),
+        )
+        post_event(
+            self.api.events,
+            regarding,
+            kind,
+            reason,
+            message,
+            action,
+            REPORTING_CONTROLLER,
+            self.api.instance,
+        )
