@@ -46,11 +46,17 @@ set -euo pipefail
 #   backfills the simulator's OpenMetrics output into blocks with
 #   `promtool tsdb create-blocks-from openmetrics`.
 # ---------------------------------------------------------------------------
+# JOBSET_VERSION: newest JobSet release whose go.mod requires k8s.io/api v0.35 (the
+#   Kubernetes minor above) and `go 1.25.0`; the proxy serves exact versions but no list, so
+#   it is named exactly. Its controller (main package at the module root) runs in the local
+#   control plane for the JobSet tests; its CRD is copied from the module into the cache
+#   (manifests/), never into the repository.
 K8S_VERSION="v1.35.4"
 ETCD_VERSION="v3.6.16"
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
 PROMETHEUS_VERSION="v0.316.0"
+JOBSET_VERSION="v0.11.0"
 
 # Bump when the build recipe (ldflags, wrapper layout, ...) changes without a
 # version change: it is part of every stamp, so cached binaries get rebuilt.
@@ -61,10 +67,11 @@ ETCD_MODULE="go.etcd.io/etcd/server/v3"
 KWOK_MODULE="sigs.k8s.io/kwok"
 HELM_MODULE="helm.sh/helm/v3"
 PROMETHEUS_MODULE="github.com/prometheus/prometheus"
+JOBSET_MODULE="sigs.k8s.io/jobset"
 
 K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet)
 PROMETHEUS_BINARIES=(prometheus promtool)
-ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm "${PROMETHEUS_BINARIES[@]}")
+ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm "${PROMETHEUS_BINARIES[@]}" jobset-controller)
 
 CACHE_ROOT="${GANGSHARE_CACHE:-$HOME/.cache/gangshare}"
 KEY_DIR="${CACHE_ROOT}/k8s/${K8S_VERSION}"
@@ -72,6 +79,8 @@ BIN_DIR="${KEY_DIR}/bin"
 # Stamps live next to (not inside) bin/ so bin/ holds nothing but executables
 # and can be put straight on PATH.
 STAMP_DIR="${KEY_DIR}/stamps"
+# Upstream manifests a binary needs at run time (the JobSet CRD), taken from its module.
+MANIFEST_DIR="${KEY_DIR}/manifests"
 
 # Never let Go fetch a different toolchain (the proxy may not serve one, and
 # we want reproducible "built with the local Go" results); a module whose
@@ -102,6 +111,7 @@ stamp_value() {
         kwok) mv="${KWOK_MODULE}@${KWOK_VERSION}" ;;
         helm) mv="${HELM_MODULE}@${HELM_VERSION}" ;;
         prometheus|promtool) mv="${PROMETHEUS_MODULE}@${PROMETHEUS_VERSION}" ;;
+        jobset-controller) mv="${JOBSET_MODULE}@${JOBSET_VERSION}" ;;
         *) die "unknown binary $1" ;;
     esac
     echo "${mv} recipe=${RECIPE_REVISION}"
@@ -133,7 +143,7 @@ case "${1:-}" in
         exit 1
         ;;
     --latest)
-        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}" "${PROMETHEUS_MODULE}"; do
+        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}" "${PROMETHEUS_MODULE}" "${JOBSET_MODULE}"; do
             printf '%s: %s\n' "$m" "$(go list -m -versions -f '{{range .Versions}}{{.}} {{end}}' "$m" | tr ' ' '\n' | grep . | tail -n 8 | tr '\n' ' ')"
         done
         exit 0
@@ -392,11 +402,28 @@ build_prometheus() {
     done
 }
 
+# --- the JobSet controller (sigs.k8s.io/jobset's main package) and its CRD
+build_jobset() {
+    if is_current jobset-controller && [[ -f "${MANIFEST_DIR}/jobset.x-k8s.io_jobsets.yaml" ]]; then
+        log "$(printf '%-24s cached' jobset-controller)"
+        return 0
+    fi
+    local dir="${WORK_DIR}/jobset" module_dir
+    write_wrapper "${dir}" "${JOBSET_MODULE}" "${JOBSET_VERSION}"
+    module_dir="$(mod_field "${JOBSET_MODULE}@${JOBSET_VERSION}" Dir)"
+    mkdir -p "${MANIFEST_DIR}"
+    cp "${module_dir}/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "${MANIFEST_DIR}/"
+    chmod u+w "${MANIFEST_DIR}/jobset.x-k8s.io_jobsets.yaml"
+    go_build "${dir}" jobset-controller "${JOBSET_MODULE}" \
+        "-X ${JOBSET_MODULE}/pkg/version.GitVersion=${JOBSET_VERSION} -X ${JOBSET_MODULE}/pkg/version.GitCommit=module-${JOBSET_VERSION}"
+}
+
 build_k8s
 build_etcd
 build_kwok
 build_helm
 build_prometheus
+build_jobset
 
 # Record what this bin folder holds, for humans and for tests that want to
 # assert the versions they run against.
@@ -407,6 +434,7 @@ kwok ${KWOK_VERSION}
 helm ${HELM_VERSION}
 prometheus ${PROMETHEUS_VERSION}
 promtool ${PROMETHEUS_VERSION}
+jobset-controller ${JOBSET_VERSION}
 go ${GO_VERSION}
 EOF
 

@@ -47,6 +47,8 @@ def add_demo_command(commands: Any) -> None:
 
 
 def demo_jobs(folder: Path, burst: int, run_seconds: int) -> list[dict[str, Any]]:
+    """The TrainingJobs of `folder` plus the burst, and the batch/v1 Jobs of its sibling
+    `jobs/` (queued by the same operator), each worker marked to run a few seconds on KWOK."""
     jobs = [yaml.safe_load(p.read_text()) for p in sorted(folder.glob("*.yaml"))]
     template = next(
         (j for j in jobs if j["spec"]["workers"] * j["spec"]["gpusPerWorker"] >= 16), None
@@ -56,6 +58,7 @@ def demo_jobs(folder: Path, burst: int, run_seconds: int) -> list[dict[str, Any]
         extra = copy.deepcopy(template)
         extra["metadata"]["name"] = f"{template['metadata']['name']}-burst-{i}"
         jobs.append(extra)
+    jobs += [yaml.safe_load(p.read_text()) for p in sorted((folder.parent / "jobs").glob("*.yaml"))]
     for position, job in enumerate(jobs):
         meta = job["spec"]["template"].setdefault("metadata", {})
         meta.setdefault("annotations", {}).update(
@@ -74,6 +77,9 @@ def status_table(jobs: list[dict[str, Any]]) -> str:
     lines = [header]
     for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
         spec, status = job["spec"], job.get("status") or {}
+        # A batch/v1 Job's TrainingJob holds its place: shown by the Job's own name.
+        ref = spec.get("jobRef") or {}
+        name = f"Job/{ref['name']}" if ref.get("name") else job["metadata"]["name"]
         placement = status.get("placement") or []
         where = ", ".join(f"{w['node']}({','.join(map(str, w['gpus']))})" for w in placement)
         if not where and status.get("phase") not in TERMINAL:
@@ -85,7 +91,7 @@ def status_table(jobs: list[dict[str, Any]]) -> str:
         # The class it was admitted as: beyond its queue's quota a job runs Opportunistic.
         service_class = status.get("serviceClass") or spec.get("serviceClass", "Guaranteed")
         lines.append(
-            f"{job['metadata']['name']:<28}{service_class:<15}"
+            f"{name:<28}{service_class:<15}"
             f"{spec.get('queue', ''):<10}{gang:<7}{status.get('phase', '-'):<12}"
             f"{'' if wait is None else f'{wait:.0f}s':>6}  {where}"
         )
@@ -168,8 +174,10 @@ def run_demo(args: argparse.Namespace) -> int:
             check=True,
             capture_output=True,
         )
+        queued = sum(1 for j in jobs if j["kind"] == "Job")
         print(
-            f"applied {len(jobs)} TrainingJobs from {folder} (+{args.burst} burst gangs)\n",
+            f"applied {len(jobs) - queued} TrainingJobs from {folder} (+{args.burst} burst "
+            f"gangs) and {queued} batch/v1 Job(s) labelled gangshare.io/queue\n",
             flush=True,
         )
         code = _watch(kubectl, len(jobs), args.timeout)

@@ -47,3 +47,21 @@ def test_an_endpoint_that_cannot_be_read_is_said_so_and_the_urls_stay():
         "  extender http://127.0.0.1:40002/metrics",
         "  admissions none (0 on borrowed quota), 0 preempted; unreadable extender: refused",
     ]
+
+
+def test_the_demo_queues_the_sample_job_beside_the_trainingjobs_and_shows_it_by_name():
+    from gangshare.demo import demo_jobs, status_table
+    from gangshare.dev.binaries import repo_root
+    from gangshare.kube.batchjob import parse_queued_job, workload
+
+    jobs = demo_jobs(repo_root() / "examples" / "trainingjobs", burst=0, run_seconds=2)
+    (sample,) = [j for j in jobs if j["kind"] == "Job"]
+    sample["metadata"].update({"namespace": "default", "uid": "u"})
+    spec = parse_queued_job(sample)  # the sample is a gang gangshare queues
+    assert (spec.queue, spec.workers, spec.gpus_per_worker) == ("vision", 2, 4)
+    annotations = sample["spec"]["template"]["metadata"]["annotations"]
+    assert "gangshare.io/kwok-run-for" in annotations  # it finishes on KWOK like the others
+    shown = workload(spec)
+    shown["status"] = {"phase": "Queued", "message": "waiting for 2x4 GPUs in queue vision"}
+    row = status_table([shown]).splitlines()[1]
+    assert row.startswith("Job/vit-sweep") and "2x4" in row and "Queued" in row
