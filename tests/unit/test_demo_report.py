@@ -52,7 +52,8 @@ def test_an_endpoint_that_cannot_be_read_is_said_so_and_the_urls_stay():
 def test_the_demo_queues_the_sample_job_beside_the_trainingjobs_and_shows_it_by_name():
     from gangshare.demo import demo_jobs, status_table
     from gangshare.dev.binaries import repo_root
-    from gangshare.kube.batchjob import parse_queued_job, workload
+    from gangshare.kube.batchjob import parse_queued_job
+    from gangshare.kube.queued import workload
 
     jobs = demo_jobs(repo_root() / "examples" / "trainingjobs", burst=0, run_seconds=2)
     (sample,) = [j for j in jobs if j["kind"] == "Job"]

@@ -27,6 +27,7 @@ from gangshare.core.annotations import (
 )
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.job import ServiceClass
+from gangshare.kube.jobset import JOBSET_UID_LABEL
 from gangshare.kube.quantity import to_mib
 from gangshare.kube.scheduling import TERMINAL_POD_PHASES, gpu_devices, pod_constraints
 from gangshare.kube.trainingjob import GROUP, KIND, worker_pod_name
@@ -156,9 +157,12 @@ def worker_identity(pod: dict[str, Any]) -> WorkerIdentity | None:
     batch = controller.get("kind") == "Job" and controller.get("apiVersion") == "batch/v1"
     if not (own or batch):
         return None
+    # A JobSet's pods are its child Jobs': they answer to the JobSet's uid, which its
+    # controller labels them with.
+    uid = str(controller.get("uid")) if own else str(labels.get(JOBSET_UID_LABEL) or "")
     return WorkerIdentity(
         f"{meta.get('namespace')}/{job}",
-        str(controller.get("uid")),
+        uid or str(controller.get("uid")),
         int(rank),
         int(attempt),
         batch=not own,

@@ -52,7 +52,7 @@ class InvalidSpec(ValueError):
 
 @dataclass(frozen=True)
 class JobRef:
-    """The workload object a TrainingJob queues for (a batch/v1 Job), as spec.jobRef names it."""
+    """The object a TrainingJob queues (a batch/v1 Job or a JobSet), as spec.jobRef names it."""
 
     api_version: str
     kind: str
@@ -233,12 +233,13 @@ def _job_ref(raw: Any) -> JobRef | None:
         return None
     if not isinstance(raw, dict) or not all(raw.get(k) for k in ("kind", "name", "uid")):
         raise InvalidSpec("spec.jobRef: needs kind, name and uid")
-    if (raw.get("apiVersion"), raw.get("kind")) != ("batch/v1", "Job"):
+    queued = (("batch/v1", "Job"), ("jobset.x-k8s.io/v1alpha2", "JobSet"))
+    if (raw.get("apiVersion"), raw.get("kind")) not in queued:
         raise InvalidSpec(
-            f"spec.jobRef: only batch/v1 Jobs are queued this way, got "
-            f"{raw.get('apiVersion')} {raw.get('kind')}"
+            f"spec.jobRef: only batch/v1 Jobs and jobset.x-k8s.io/v1alpha2 JobSets are queued "
+            f"this way, got {raw.get('apiVersion')} {raw.get('kind')}"
         )
-    return JobRef("batch/v1", "Job", str(raw["name"]), str(raw["uid"]))
+    return JobRef(str(raw["apiVersion"]), str(raw["kind"]), str(raw["name"]), str(raw["uid"]))
 
 
 def _check_template(template: dict[str, Any]) -> None:

@@ -1,10 +1,11 @@
-"""What a queued batch/v1 Job's TrainingJob needs next (pure `detect_*`, as lifecycle.py).
+"""What the TrainingJob of a queued Job or JobSet needs next (pure `detect_*`, as lifecycle.py).
 
-The TrainingJob holds the Job's place in its queue and, once admitted, its plan; the Job
-controller makes and retries the pods. So this lifecycle never creates or deletes a pod: it
-suspends and resumes the Job, and turns each gated pod of the admitted attempt into its rank's
-worker. A pod the Job controller replaces comes back gated and is given the same rank's place;
-the Job's own Complete or Failed condition ends the TrainingJob.
+The TrainingJob holds the object's place in its queue and, once admitted, its plan; the
+object's controllers make and retry the pods. So this lifecycle never creates or deletes a pod:
+it suspends and resumes the object, and turns each gated pod of the admitted attempt into its
+rank's worker. A pod its controller replaces comes back gated and is given the same rank's
+place; the object's own Complete (Completed) or Failed condition ends the TrainingJob. What
+differs between a Job and a JobSet is in their kube/ adapters (`WorkloadKind`).
 """
 
 from __future__ import annotations
@@ -14,20 +15,16 @@ from typing import Any
 
 from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
 from gangshare.core.job import ServiceClass
-from gangshare.kube.batchjob import (
+from gangshare.kube.claims import admitted_class
+from gangshare.kube.queued import (
     STATUS_ANNOTATION,
-    job_finished,
-    job_suspended,
-    may_resume,
-    pod_rank,
-    resume_patch,
+    WorkloadKind,
     resumed_attempt,
     suspend_patch,
-    template_frozen,
-    template_prepared,
+    suspended,
     ungate_patch,
 )
-from gangshare.kube.claims import admitted_class
+from gangshare.kube.queued_kinds import kind_of
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Displacement, Event, Observation
@@ -101,7 +98,8 @@ def detect_batch_actions(
     limits = limits or Limits()
     workload, job = seen.workload, seen.job
     actions = BatchActions()
-    if job is None:
+    kind = kind_of(workload)
+    if job is None or kind is None:
         return actions  # the garbage collector removes the TrainingJob with its Job
     status = workload.get("status") or {}
     phase = status.get("phase")
@@ -112,7 +110,7 @@ def detect_batch_actions(
         if phase != "Failed":
             actions.take(fail_invalid(status, str(err), seen.now, gen))
     else:
-        finished = job_finished(job)
+        finished = kind.finished(job)
         if phase in TERMINAL:
             pass
         elif finished is not None:
@@ -124,10 +122,10 @@ def detect_batch_actions(
             back_of_the_line(spec, status, seen.now, gen, moved)
             actions.take(moved)
         elif phase in HOLDING:
-            _advance(spec, seen, status, gen, limits, backoff_base_seconds, actions)
+            _advance(kind, spec, seen, status, gen, limits, backoff_base_seconds, actions)
     after = actions.status.get("phase", phase)
-    unsuspended = not job_suspended(job) and actions.job_patch is None
-    if after not in HOLDING and unsuspended and job_finished(job) is None:
+    unsuspended = not suspended(job) and actions.job_patch is None
+    if after not in HOLDING and unsuspended and kind.finished(job) is None:
         # Not admitted (or admitted no more): the Job must not run outside its queue.
         actions.job_patch = suspend_patch()
         why = actions.status.get("message") or status.get("message") or "waiting for admission"
@@ -160,6 +158,7 @@ def _finish(
 
 
 def _advance(
+    kind: WorkloadKind,
     spec: TrainingJobSpec,
     seen: BatchObservation,
     status: dict[str, Any],
@@ -174,20 +173,20 @@ def _advance(
         return
     decided = admitted_class(seen.workload)
     name = str(seen.workload["metadata"]["name"])
-    if job_suspended(job) or resumed_attempt(job) != attempt:
-        if not job_suspended(job):
+    if suspended(job) or resumed_attempt(job) != attempt:
+        if not suspended(job):
             # Running for another attempt (or resumed by hand): suspended first, resumed after.
             actions.job_patch = suspend_patch()
-        elif not template_prepared(job, name) and template_frozen(job):
+        elif not kind.prepared(job, name) and kind.frozen(job):
             actions.take(fail_invalid(status, FROZEN, seen.now, gen))
-        elif may_resume(job):
-            actions.job_patch = resume_patch(job, name, attempt)
+        elif kind.may_resume(job, seen.pods):
+            actions.job_patch = kind.resume_patch(job, name, attempt)
             actions.job_events.append(
                 Event("Normal", "Resumed", status.get("message") or "admitted by gangshare")
             )
         # else: its controller is still suspending it; the Job's status event wakes us.
         return
-    live = _current_pods(seen.pods, job, attempt)
+    live = _current_pods(kind, seen.pods, job, attempt)
     placement = {
         int(w["rank"]): (str(w["node"]), [int(g) for g in w.get("gpus") or []])
         for w in status.get("placement") or []
@@ -196,9 +195,12 @@ def _advance(
     if not committed and len(live) < spec.workers:
         return  # the Job controller is still making the gang's pods
     memory = spec.gpu_memory_mib if decided is ServiceClass.OPPORTUNISTIC else None
-    actions.ungate = _ungates(live, placement, spec.workers, attempt, decided, memory)
+    ranked = [(p, kind.pod_rank(p, job)) for p in live]
+    actions.ungate = _ungates(ranked, placement, spec.workers, attempt, decided, memory)
     if not committed:
-        message = f"all {spec.workers} pods of the Job exist; scheduling gates lifted together"
+        message = (
+            f"all {spec.workers} pods of the {kind.kind} exist; scheduling gates lifted together"
+        )
         actions.status["conditions"] = set_condition(
             status.get("conditions"),
             "GangScheduled",
@@ -216,10 +218,11 @@ def _advance(
         if (p.get("spec") or {}).get("nodeName")
         and (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
     ]
-    done = [p for p in _of_attempt(seen.pods, job, attempt) if _phase(p) == "Succeeded"]
+    done = [p for p in _of_attempt(kind, seen.pods, job, attempt) if _phase(p) == "Succeeded"]
     if status.get("phase") == "Admitted" and len(started) + len(done) >= spec.workers:
         running = Actions()
-        start_running(status, f"all {spec.workers} pods of the Job running", seen.now, gen, running)
+        message = f"all {spec.workers} pods of the {kind.kind} running"
+        start_running(status, message, seen.now, gen, running)
         actions.take(running)
 
 
@@ -262,7 +265,7 @@ def _released(
         return False
     actions.take(shared)
     job = seen.job or {}
-    if not job_suspended(job):
+    if not suspended(job):
         actions.job_patch = suspend_patch()
     message = str(shared.status.get("message", ""))
     actions.job_events.append(Event("Warning", "Suspended", f"suspended by gangshare: {message}"))
@@ -270,24 +273,24 @@ def _released(
 
 
 def _ungates(
-    live: list[dict[str, Any]],
+    live: list[tuple[dict[str, Any], int | None]],
     placement: dict[int, tuple[str, list[int]]],
     workers: int,
     attempt: int,
     service_class: ServiceClass,
     memory_mib: int | None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Each gated pod of the attempt made its rank's worker: an Indexed Job's pod is its index,
-    any other takes the lowest rank no live pod holds (a replacement takes its predecessor's)."""
+    """Each gated pod of the attempt (with the rank its controllers' labels give it, if any)
+    made its rank's worker; a pod without one takes the lowest rank no live pod holds, so a
+    replacement takes its predecessor's place."""
     held = {
         int(str(_labels(p).get(RANK_LABEL)))
-        for p in live
+        for p, _ in live
         if not gated(p) and str(_labels(p).get(RANK_LABEL, "")).isdigit()
     }
     free = [r for r in range(workers) if r not in held and r in placement]
     out = []
-    for pod in sorted((p for p in live if gated(p)), key=_created):
-        rank = pod_rank(pod)
+    for pod, rank in sorted(((p, r) for p, r in live if gated(p)), key=lambda pr: _created(pr[0])):
         if rank is None or rank in held or rank not in placement:
             rank = next((r for r in free if r not in held), None)
         if rank is None:
@@ -314,11 +317,13 @@ def _created(pod: dict[str, Any]) -> tuple[str, str]:
     return str(meta.get("creationTimestamp", "")), str(meta.get("name", ""))
 
 
-def _of_attempt(pods: list[dict[str, Any]], job: dict[str, Any], attempt: int) -> list[Any]:
-    """The Job's own pods (its controller's: labels alone prove nothing) of this attempt: those
-    given it, and those still gated without one. The Job is resumed only once its controller
-    has no pod of the last run active, so a gated pod is always of the running attempt."""
-    uid = (job.get("metadata") or {}).get("uid")
+def _of_attempt(
+    kind: WorkloadKind, pods: list[dict[str, Any]], obj: dict[str, Any], attempt: int
+) -> list[Any]:
+    """The object's own pods (its controllers': labels alone prove nothing) of this attempt:
+    those given it, and those still gated without one. The object is resumed only once its
+    controller has no pod of the last run active, so a gated pod is always of the running
+    attempt."""
     return [
         p
         for p in pods
@@ -326,17 +331,16 @@ def _of_attempt(pods: list[dict[str, Any]], job: dict[str, Any], attempt: int) -
             _labels(p).get(ATTEMPT_LABEL) == str(attempt)
             or (gated(p) and ATTEMPT_LABEL not in _labels(p))
         )
-        and any(
-            r.get("controller") and r.get("uid") == uid
-            for r in (p.get("metadata") or {}).get("ownerReferences") or []
-        )
+        and kind.owns(p, obj)
     ]
 
 
-def _current_pods(pods: list[dict[str, Any]], job: dict[str, Any], attempt: int) -> list[Any]:
+def _current_pods(
+    kind: WorkloadKind, pods: list[dict[str, Any]], obj: dict[str, Any], attempt: int
+) -> list[Any]:
     return [
         p
-        for p in _of_attempt(pods, job, attempt)
+        for p in _of_attempt(kind, pods, obj, attempt)
         if _phase(p) not in TERMINAL and not (p.get("metadata") or {}).get("deletionTimestamp")
     ]
 

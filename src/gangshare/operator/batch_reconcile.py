@@ -1,4 +1,4 @@
-"""Carry out what `batch_lifecycle` decided for a queued batch/v1 Job, and adopt new ones.
+"""Carry out what `batch_lifecycle` decided for a queued Job or JobSet, and adopt new ones.
 
 Order matters as in reconcile.py: the TrainingJob's status is written first (conditional on
 the version decided from), so GangScheduled commits the lift before any gate comes off and a
@@ -14,16 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gangshare.core.clock import Clock
-from gangshare.kube.batchjob import (
+from gangshare.kube.queued import (
     STATUS_ANNOTATION,
-    is_queued_job,
-    job_finished,
-    job_suspended,
-    parse_queued_job,
+    WorkloadKind,
+    is_queued,
     status_annotation_patch,
     suspend_patch,
+    suspended,
     workload,
 )
+from gangshare.kube.queued_kinds import kind_of
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
 from gangshare.operator.batch_lifecycle import (
@@ -66,8 +66,11 @@ class BatchReconciler:
         meta = workload["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         ref = (workload.get("spec") or {}).get("jobRef") or {}
+        kind = kind_of(workload)
+        if kind is None:
+            return None
         for _ in range(MAX_PASSES):
-            job = self.batch.get(namespace, str(ref.get("name", "")))
+            job = self.batch.get(kind, namespace, str(ref.get("name", "")))
             if job is not None and job["metadata"].get("uid") != ref.get("uid"):
                 job = None  # a new Job of the same name: this TrainingJob's owner is gone
             pods = self.api.list_job_pods(namespace, name)
@@ -76,7 +79,7 @@ class BatchReconciler:
             if actions.empty:
                 return actions.requeue_after
             try:
-                self.process(workload, job, actions)
+                self.process(kind, workload, job, actions)
             except Conflict:
                 fresh = self.api.get_job(namespace, name)
                 if fresh is None:
@@ -87,7 +90,11 @@ class BatchReconciler:
         return None
 
     def process(
-        self, workload: dict[str, Any], job: dict[str, Any] | None, actions: BatchActions
+        self,
+        kind: WorkloadKind,
+        workload: dict[str, Any],
+        job: dict[str, Any] | None,
+        actions: BatchActions,
     ) -> None:
         namespace = workload["metadata"]["namespace"]
         if actions.status:
@@ -98,7 +105,7 @@ class BatchReconciler:
             return
         job_name = job["metadata"]["name"]
         if actions.job_patch is not None:
-            self.batch.patch(namespace, job_name, actions.job_patch)
+            self.batch.patch(kind, namespace, job_name, actions.job_patch)
         failed = []
         for pod, patch in actions.ungate:
             try:
@@ -115,17 +122,17 @@ class BatchReconciler:
             self.batch.post_event(job, event.type, event.reason, event.message, "Reconcile")
             log.info("%s/%s %s: %s", namespace, job_name, event.reason, event.message)
         if actions.note is not None:
-            self.batch.patch(namespace, job_name, status_annotation_patch(actions.note))
+            self.batch.patch(kind, namespace, job_name, status_annotation_patch(actions.note))
 
     # ----- adoption (the Job's own watch events) ---------------------------------------------
 
-    def adopt_later(self, job: dict[str, Any], then: Any) -> None:
+    def adopt_later(self, kind: WorkloadKind, job: dict[str, Any], then: Any) -> None:
         """adopt() on the adoption workers (a watch thread must not wait on API calls); `then`
         is told the TrainingJob's name when there is one to reconcile."""
 
         def run() -> None:
             try:
-                name = self.adopt(job)
+                name = self.adopt(kind, job)
             except Exception:  # the Job's next event or the resync tries again
                 log.exception("adoption of Job %s failed", _key(job))
                 return
@@ -134,39 +141,40 @@ class BatchReconciler:
 
         self._adopting.submit(run)
 
-    def adopt(self, job: dict[str, Any]) -> str | None:
-        """The labelled Job's TrainingJob, created or brought up to date; its name, or None
-        when the Job is no gang (then it says why and stays suspended)."""
+    def adopt(self, kind: WorkloadKind, job: dict[str, Any]) -> str | None:
+        """The labelled object's TrainingJob, created or brought up to date; its name, or None
+        when the object is no gang (then it says why and stays suspended)."""
         meta = job["metadata"]
-        if meta.get("deletionTimestamp") or not is_queued_job(job):
+        if meta.get("deletionTimestamp") or not is_queued(job):
             return None
         namespace = meta["namespace"]
+        job = {"apiVersion": kind.api_version, "kind": kind.kind, **job}
         try:
-            spec = parse_queued_job(job)
+            spec = kind.parse(job)
         except InvalidSpec as err:
-            self._refuse(job, str(err))
+            self._refuse(kind, job, str(err))
             return None
         wanted = workload(spec)
         name = str(wanted["metadata"]["name"])
         existing = self.api.get_job(namespace, name)
         if existing is None:
-            if not job_suspended(job) and job_finished(job) is None:
+            if not suspended(job) and kind.finished(job) is None:
                 # Only reachable without the admission policy: stop it before it runs on.
-                self.batch.patch(namespace, meta["name"], suspend_patch())
+                self.batch.patch(kind, namespace, meta["name"], suspend_patch())
                 self.batch.post_event(
                     job,
                     "Warning",
                     "Suspended",
-                    "spec.suspend: a Job queued by gangshare is created suspended; suspended "
-                    "until its queue admits it",
+                    f"spec.suspend: a {kind.kind} queued by gangshare is created suspended; "
+                    "suspended until its queue admits it",
                     "Adopt",
                 )
             try:
                 self.batch.create_workload(wanted)
             except Invalid as err:
-                self._refuse(job, f"its TrainingJob was refused: {err}")
+                self._refuse(kind, job, f"its TrainingJob was refused: {err}")
                 return None
-            log.info("Job %s/%s queued as TrainingJob %s", namespace, meta["name"], name)
+            log.info("%s %s/%s queued as TrainingJob %s", kind.kind, namespace, meta["name"], name)
             return name
         ref = (existing.get("spec") or {}).get("jobRef") or {}
         if ref.get("uid") != meta.get("uid"):
@@ -181,16 +189,16 @@ class BatchReconciler:
                 self.batch.post_event(job, "Warning", "NotMoved", str(err), "Adopt")
         return name
 
-    def _refuse(self, job: dict[str, Any], message: str) -> None:
+    def _refuse(self, kind: WorkloadKind, job: dict[str, Any], message: str) -> None:
         meta = job["metadata"]
         note = f"Invalid: {message}"
         if ((meta.get("annotations") or {}).get(STATUS_ANNOTATION)) == note:
             return  # said already
-        if not job_suspended(job) and job_finished(job) is None:
-            self.batch.patch(meta["namespace"], meta["name"], suspend_patch())
-        self.batch.patch(meta["namespace"], meta["name"], status_annotation_patch(note))
+        if not suspended(job) and kind.finished(job) is None:
+            self.batch.patch(kind, meta["namespace"], meta["name"], suspend_patch())
+        self.batch.patch(kind, meta["namespace"], meta["name"], status_annotation_patch(note))
         self.batch.post_event(job, "Warning", "InvalidSpec", message, "Adopt")
-        log.warning("Job %s not queued: %s", _key(job), message)
+        log.warning("%s %s not queued: %s", kind.kind, _key(job), message)
 
 
 def _key(job: dict[str, Any]) -> str:

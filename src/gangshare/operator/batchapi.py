@@ -1,11 +1,10 @@
-"""The operator's calls for queued batch/v1 Jobs: the Job, its pods' patches, its TrainingJob.
-
-Beside KubeApi (same client, same fence: a replica that lost the lead writes nothing).
+"""The operator's calls for queued Jobs and JobSets: the object, its pods' patches, its
+TrainingJob. Beside KubeApi (same client, same fence: a replica that lost the lead writes
+nothing). Jobs and JobSets alike go through the generic object paths (/apis/<group>/...).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -13,8 +12,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.kube.client import post_event
+from gangshare.kube.queued import WorkloadKind
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
-from gangshare.operator.kubeapi import REPORTING_CONTROLLER, Invalid, KubeApi, api_message, drain
+from gangshare.operator.kubeapi import REPORTING_CONTROLLER, Invalid, KubeApi, api_message
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -22,16 +22,17 @@ MERGE_PATCH = "application/merge-patch+json"
 class BatchApi:
     def __init__(self, api: KubeApi) -> None:
         self.api = api
-        self.batch = client.BatchV1Api(api.api_client)
 
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: WorkloadKind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response = self.batch.read_namespaced_job(name, namespace, _preload_content=False)
+            found = self.api.custom.get_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name
+            )
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
-        return cast(dict[str, Any], json.loads(response.data))  # type: ignore[attr-defined]
+        return cast(dict[str, Any], found)
 
     def _write(self, what: str, call: Callable[[], Any]) -> Any:
         """A fenced write; None when its object is gone, Invalid when refused for good."""
@@ -45,15 +46,19 @@ class BatchApi:
                 raise Invalid(api_message(err)) from None
             raise
 
-    def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        response = self._write(
-            f"patch of Job {namespace}/{name}",
-            lambda: self.batch.patch_namespaced_job(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+    def patch(self, kind: WorkloadKind, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._write(
+            f"patch of {kind.kind} {namespace}/{name}",
+            lambda: self.api.custom.patch_namespaced_custom_object(
+                kind.group,
+                kind.version,
+                namespace,
+                kind.plural,
+                name,
+                body,
+                _content_type=MERGE_PATCH,
             ),
         )
-        if response is not None:
-            drain(response)
 
     def patch_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         response = self._write(
@@ -92,13 +97,13 @@ class BatchApi:
     def post_event(
         self, job: dict[str, Any], kind: str, reason: str, message: str, action: str
     ) -> None:
-        """An event about the Job itself: `kubectl describe job` shows it."""
+        """An event about the Job or JobSet itself: `kubectl describe` shows it."""
         if not self.api.fence():
             return
         meta = job["metadata"]
         regarding = client.V1ObjectReference(
-            api_version="batch/v1",
-            kind="Job",
+            api_version=job.get("apiVersion"),
+            kind=job.get("kind"),
             name=meta["name"],
             namespace=meta["namespace"],
             uid=meta.get("uid"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -9,8 +10,10 @@ from typing import Any
 import kopf
 
 from gangshare.core.annotations import JOB_LABEL
-from gangshare.kube.batchjob import QUEUE_LABEL
+from gangshare.kube.batchjob import JOB
+from gangshare.kube.jobset import JOBSET
 from gangshare.kube.queue import QUEUE_PLURAL
+from gangshare.kube.queued import QUEUE_LABEL, WorkloadKind
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.reconcile import Reconciler
@@ -91,13 +94,23 @@ def build_registry(
             reconcile_quietly(namespace, name, dict(body))
         loop.poke()
 
-    @kopf.on.event("batch", "v1", "jobs", labels={QUEUE_LABEL: kopf.PRESENT}, registry=registry)
-    def batch_job_event(type: str, body: Mapping[str, Any], **_: Any) -> None:
-        # A labelled Job: queued through its TrainingJob (made here), and that one reconciled.
+    def queued_object_event(kind: WorkloadKind, type: str, body: Mapping[str, Any]) -> None:
+        # A labelled Job or JobSet: queued through its TrainingJob (made here), reconciled.
         if type == "DELETED" or not leading() or reconciler.batch is None:
             return
-        reconciler.batch.adopt_later(dict(body), reconciler.reconcile_later)
+        reconciler.batch.adopt_later(kind, dict(body), reconciler.reconcile_later)
         loop.poke()
+
+    for kind in (JOB, JOBSET):
+        # kopf waits for a kind whose CRD is not installed (JobSet's) and follows it once it is.
+        kopf.on.event(
+            kind.group,
+            kind.version,
+            kind.plural,
+            labels={QUEUE_LABEL: kopf.PRESENT},
+            registry=registry,
+            id=f"queued-{kind.plural}",
+        )(functools.partial(_queued_event, queued_object_event, kind))
 
     @kopf.on.event(GROUP, VERSION, QUEUE_PLURAL, registry=registry)
     def queue_event(**_: Any) -> None:
@@ -111,3 +124,13 @@ def build_registry(
             loop.poke()
 
     return registry
+
+
+def _queued_event(
+    handle: Callable[[WorkloadKind, str, Mapping[str, Any]], None],
+    kind: WorkloadKind,
+    type: str,
+    body: Mapping[str, Any],
+    **_: Any,
+) -> None:
+    handle(kind, type, body)

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from gangshare.core.annotations import ATTEMPT_LABEL, JOB_LABEL, RANK_LABEL
-from gangshare.kube.batchjob import (
+from gangshare.kube.queued import (
     ATTEMPT_ANNOTATION,
     COMPLETION_INDEX_LABEL,
     QUEUE_LABEL,
@@ -79,7 +79,7 @@ class BatchJobBuilder:
         """As gangshare leaves it at its first resume: gated, labelled as its TrainingJob's."""
         template = self._job["spec"]["template"]
         template["metadata"].setdefault("labels", {})[JOB_LABEL] = workload_name(
-            self._job["metadata"]["name"]
+            self._job["metadata"]["name"], "job-"
         )
         template["spec"]["schedulingGates"] = [{"name": GANG_GATE}]
         return self
@@ -121,7 +121,7 @@ def job_pod(
     """A pod as the Job controller makes it (then as gangshare ungated it, when `rank`)."""
     name = job["metadata"]["name"]
     labels = {
-        JOB_LABEL: workload_name(name),
+        JOB_LABEL: workload_name(name, "job-"),
         COMPLETION_INDEX_LABEL: str(index),
         "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
     }

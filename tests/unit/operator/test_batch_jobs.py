@@ -16,15 +16,10 @@ from gangshare.core.annotations import (
     POD_PLANNED_NODE,
     RANK_LABEL,
 )
-from gangshare.kube.batchjob import (
-    ATTEMPT_ANNOTATION,
-    STATUS_ANNOTATION,
-    parse_queued_job,
-    workload,
-    workload_name,
-)
+from gangshare.kube.batchjob import parse_queued_job
 from gangshare.kube.claims import job_hold, pod_facts
 from gangshare.kube.ledger import Ledger
+from gangshare.kube.queued import ATTEMPT_ANNOTATION, STATUS_ANNOTATION, workload, workload_name
 from gangshare.kube.scheduling import GANG_GATE
 from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
 from gangshare.operator.actions import Displacement
@@ -123,14 +118,14 @@ def test_the_job_label_gangshare_wrote_itself_is_no_refusal():
 
 
 def test_workload_names_are_trainingjob_names_and_tell_jobs_apart():
-    assert workload_name("train") == "job-train"
+    assert parse_queued_job(make_batch_job().build()).workload_name == "job-train"
     long = "a" * 60
     other = "a" * 59 + "b"
     for name in (long, other, "Upper.dots.x"):
-        made = workload_name(name)
+        made = workload_name(name, "job-")
         assert len(made) <= 45 and made[0].isalpha() and made == made.lower(), made
         assert "." not in made
-    assert workload_name(long) != workload_name(other)
+    assert workload_name(long, "job-") != workload_name(other, "job-")
 
 
 # ----- the lifecycle -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from lease_fakes import NOW, Clock, FakeLeases, elector
 
 from gangshare.core.clock import ManualClock
 from gangshare.core.queueing import QueuePolicy
+from gangshare.kube.batchjob import JOB as BATCH_JOB
 from gangshare.kube.queue import default_queue_object
 from gangshare.operator.batchapi import BatchApi
 from gangshare.operator.informers import Informers
@@ -172,7 +173,7 @@ EVERY_WRITE: list[tuple[str, Any]] = [
     ("create_queue", lambda api: api.create_queue({"metadata": {"name": "default"}})),
     ("patch_queue_status", lambda api: api.patch_queue_status("default", {"pending": 0})),
     # A queued batch/v1 Job's writes (operator/batchapi.py).
-    ("patch batch job", lambda api: BatchApi(api).patch("team", "train", {"spec": {}})),
+    ("patch batch job", lambda api: BatchApi(api).patch(BATCH_JOB, "team", "train", {"spec": {}})),
     ("patch pod", lambda api: BatchApi(api).patch_pod("team", "train-0-x", {"metadata": {}})),
     (
         "create workload",

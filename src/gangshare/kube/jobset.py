@@ -1,0 +1,229 @@
+"""A JobSet (sigs.k8s.io/jobset) queued by gangshare as one gang (pure; kube/queued.py shares).
+
+The gang is every pod of every replicated job: sum of `replicas` x `parallelism`. Its pods are
+alike (the same GPUs, the same scheduling constraints), as a TrainingJob's workers are. A pod's
+rank runs through the replicated jobs in order: the replicated job's offset, plus its job index
+times its parallelism, plus the pod's completion index. JobSet's own controller suspends and
+resumes the child Jobs, copies the pod template's labels and scheduling gates onto them when it
+resumes them, and clears their start time first, so a JobSet's templates stay preparable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gangshare.core.annotations import ATTEMPT_LABEL
+from gangshare.kube.queued import (
+    COMPLETION_INDEX_LABEL,
+    QueuedJobSpec,
+    WorkloadKind,
+    gang_pod_gpus,
+    gated_template,
+    label_int,
+    queue_ask,
+    resume_body,
+    scheduling_template,
+    suspended,
+    suspended_condition,
+    template_gated,
+    workload_name,
+)
+from gangshare.kube.trainingjob import InvalidSpec
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+PREFIX = "jobset-"
+# What JobSet's controller writes on each child Job and its pods.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+
+
+def _replicated(jobset: Mapping[str, Any]) -> list[dict[str, Any]]:
+    listed = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    return [r for r in listed if isinstance(r, dict)]
+
+
+def _pod_template(replicated: Mapping[str, Any]) -> dict[str, Any]:
+    return (((replicated.get("template") or {}).get("spec") or {}).get("template")) or {}
+
+
+def _shape(replicated: Mapping[str, Any], path: str) -> tuple[int, int]:
+    """(replicas, parallelism) of one replicated job, each child Job a gang slice."""
+    replicas = replicated.get("replicas", 1)
+    job = (replicated.get("template") or {}).get("spec") or {}
+    parallelism = job.get("parallelism", 1)
+    for field, value in (("replicas", replicas), ("template.spec.parallelism", parallelism)):
+        if not isinstance(value, int) or value < 1:
+            raise InvalidSpec(f"{path}.{field}: at least 1, got {value!r}")
+    completions = job.get("completions")
+    if completions is not None and completions != parallelism:
+        raise InvalidSpec(
+            f"{path}.template.spec.completions: a gang runs all its pods at once, so it must "
+            f"equal parallelism ({parallelism}), got {completions}"
+        )
+    return replicas, parallelism
+
+
+def parse_queued_jobset(jobset: Mapping[str, Any]) -> QueuedJobSpec:
+    """The gang a labelled JobSet is; InvalidSpec names the JobSet's field."""
+    meta = jobset.get("metadata") or {}
+    ask = queue_ask(jobset)
+    name = str(meta.get("name", ""))
+    own = workload_name(name, PREFIX)
+    replicated = _replicated(jobset)
+    if not replicated:
+        raise InvalidSpec("spec.replicatedJobs: at least one replicated job is required")
+    workers, gpus, first = 0, None, None
+    for position, item in enumerate(replicated):
+        path = f"spec.replicatedJobs[{position}]"
+        replicas, parallelism = _shape(item, path)
+        workers += replicas * parallelism
+        template = _pod_template(item)
+        asked = gang_pod_gpus(template, f"{path}.template.spec.template", own, ask.service_class)
+        placed = scheduling_template(template)
+        if gpus is None:
+            gpus, first = asked, placed
+        elif asked != gpus or placed != first:
+            raise InvalidSpec(
+                f"{path}.template.spec.template: a gang's pods are alike; this replicated job's "
+                "pods ask other GPUs, requests or placement constraints than the first's"
+            )
+    if workers > 1024:
+        raise InvalidSpec(f"spec.replicatedJobs: a gang has at most 1024 pods, this has {workers}")
+    assert gpus is not None
+    return QueuedJobSpec(
+        namespace=str(meta.get("namespace", "")),
+        name=name,
+        uid=str(meta.get("uid", "")),
+        queue=ask.queue,
+        service_class=ask.service_class,
+        priority=ask.priority,
+        workers=workers,
+        gpus_per_worker=gpus,
+        indexed=True,
+        topology=ask.topology,
+        runtime_estimate_seconds=ask.runtime_estimate_seconds,
+        template=_pod_template(replicated[0]),
+        api_version=API_VERSION,
+        kind="JobSet",
+        prefix=PREFIX,
+    )
+
+
+def jobset_finished(jobset: Mapping[str, Any]) -> tuple[str, str] | None:
+    for cond in (jobset.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Completed":
+            return "Succeeded", "the JobSet completed"
+        if cond.get("type") == "Failed":
+            why = cond.get("message") or cond.get("reason") or "the JobSet failed"
+            return "Failed", f"the JobSet failed: {why}"
+    return None
+
+
+def may_resume(jobset: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Suspended, its controller says so, and none of its pods is left running: its child
+    Jobs count pods per Job, so the pods themselves are asked."""
+    live = [
+        p
+        for p in pods
+        if owns(p, jobset)
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and ATTEMPT_LABEL in ((p.get("metadata") or {}).get("labels") or {})
+    ]
+    return suspended(jobset) and suspended_condition(jobset) and not live
+
+
+def templates_prepared(jobset: Mapping[str, Any], workload_job: str) -> bool:
+    return all(template_gated(_pod_template(r), workload_job) for r in _replicated(jobset))
+
+
+def never_frozen(jobset: Mapping[str, Any]) -> bool:
+    """JobSet's controller clears a child Job's start time before it resumes it."""
+    return False
+
+
+def resume_patch(jobset: Mapping[str, Any], workload_job: str, attempt: int) -> dict[str, Any]:
+    """Unsuspend the JobSet for `attempt`; before its first run every replicated job's pod
+    template is gated and labelled as `workload_job`'s in the same write (a merge patch
+    replaces the list whole, so it carries every replicated job)."""
+    patch = resume_body(attempt)
+    if templates_prepared(jobset, workload_job):
+        return patch
+    replicated = []
+    for item in _replicated(jobset):
+        template = _pod_template(item)
+        gated = gated_template(template, workload_job)
+        merged_template = {
+            **template,
+            "metadata": {
+                **(template.get("metadata") or {}),
+                "labels": {
+                    **((template.get("metadata") or {}).get("labels") or {}),
+                    **gated["metadata"]["labels"],
+                },
+            },
+            "spec": {**(template.get("spec") or {}), **gated["spec"]},
+        }
+        job_template = item.get("template") or {}
+        replicated.append(
+            {
+                **item,
+                "template": {
+                    **job_template,
+                    "spec": {**(job_template.get("spec") or {}), "template": merged_template},
+                },
+            }
+        )
+    patch["spec"]["replicatedJobs"] = replicated
+    return patch
+
+
+def pod_rank(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> int | None:
+    """Replicated jobs in order, then the child Job's index, then the pod's completion index."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    index, completion = label_int(pod, JOB_INDEX_LABEL), label_int(pod, COMPLETION_INDEX_LABEL)
+    if index is None or completion is None:
+        return None
+    offset = 0
+    for item in _replicated(jobset):
+        replicas, parallelism = _shape(item, "spec.replicatedJobs[]")
+        if item.get("name") == labels.get(REPLICATED_JOB_LABEL):
+            if index >= replicas or completion >= parallelism:
+                return None
+            return offset + index * parallelism + completion
+        offset += replicas * parallelism
+    return None
+
+
+def owns(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> bool:
+    """A pod of one of the JobSet's child Jobs: made by a Job, labelled with the JobSet's uid
+    by JobSet's controller (the child Job's template carries it)."""
+    meta = pod.get("metadata") or {}
+    uid = (jobset.get("metadata") or {}).get("uid")
+    by_a_job = any(
+        r.get("controller") and r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1"
+        for r in meta.get("ownerReferences") or []
+    )
+    return by_a_job and bool(uid) and (meta.get("labels") or {}).get(JOBSET_UID_LABEL) == uid
+
+
+JOBSET = WorkloadKind(
+    api_version=API_VERSION,
+    kind="JobSet",
+    group="jobset.x-k8s.io",
+    version="v1alpha2",
+    plural="jobsets",
+    prefix=PREFIX,
+    parse=parse_queued_jobset,
+    finished=jobset_finished,
+    may_resume=may_resume,
+    prepared=templates_prepared,
+    frozen=never_frozen,
+    resume_patch=resume_patch,
+    pod_rank=pod_rank,
+    owns=owns,
+)
