@@ -53,6 +53,7 @@ def crd(kube: Kube) -> Kube:
         "trainingjob.yaml",
         "trainingjob-admission-policy.yaml",
         "job-admission-policy.yaml",
+        "jobset-admission-policy.yaml",
         "queue.yaml",
     ):
         subprocess.run(

@@ -1,7 +1,8 @@
 """A real local Kubernetes control plane with simulated GPU nodes.
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK, and gangshare's
-extender with its own kube-scheduler (gangshare-scheduler) run as
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK, JobSet's controller
+(when built: dev/jobset.py), and gangshare's extender with its own kube-scheduler
+(gangshare-scheduler) run as
 local processes on free loopback ports under one state folder; every log goes
 to `<root>/logs/`. Nodes come from a cluster spec (the core's `NodeSpec`s).
 """
@@ -24,7 +25,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.core.spec import NodeSpec
-from gangshare.dev import components, processes
+from gangshare.dev import components, jobset, processes
 from gangshare.dev.binaries import repo_root
 from gangshare.dev.components import Layout, Ports
 from gangshare.dev.pki import generate_credentials
@@ -178,6 +179,8 @@ class LocalCluster:
         )
 
         api = self.core_api()
+        if jobset.available(self.bins):
+            self._start_jobset(creds, ports, deadline, api.api_client)
         # A few at a time: thousands of benchmark nodes one by one took minutes.
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda spec: api.create_node(node_manifest(spec)), nodes))
@@ -234,6 +237,24 @@ class LocalCluster:
             return {}
 
     # ----- internals -----------------------------------------------------------------------
+
+    def _start_jobset(self, creds: Any, ports: Ports, deadline: float, api_client: Any) -> None:
+        """JobSet's controller (dev/jobset.py), once its CRD is served and before its webhooks
+        are registered: a JobSet is never admitted by a webhook that does not answer yet."""
+        jobset.install_crd(api_client, self.bins)
+        self._wait("the JobSet CRD", deadline, lambda: jobset.established(api_client))
+        config = jobset.write_config(
+            self.layout.root,
+            ports.jobset_webhook,
+            ports.jobset_health,
+            creds.serving_cert,
+            creds.serving_key,
+        )
+        self._spawn("jobset-controller", jobset.argv(self.bins, config, self.layout.kubeconfig))
+        self._wait_healthy(
+            "jobset-controller", f"http://127.0.0.1:{ports.jobset_health}/readyz", deadline
+        )
+        jobset.install_webhooks(api_client, ports.jobset_webhook, creds.ca_cert)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         child = processes.start(name, argv, self.layout.logs, attached=self.attached)

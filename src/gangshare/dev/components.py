@@ -30,6 +30,8 @@ class Ports:
     extender: int
     gangshare_scheduler: int
     extender_metrics: int
+    jobset_webhook: int
+    jobset_health: int
 
     def all(self) -> list[int]:
         return list(asdict(self).values())
