@@ -61,9 +61,9 @@ def test_up_then_kubectl_then_down_leaves_nothing(tmp_path: Path):
         status = subprocess.run(
             [*GANGSHARE, "dev", "status", "--root", str(root)], capture_output=True, text=True
         )
-        assert status.returncode == 0 and status.stdout.count("running") == 7
+        assert status.returncode == 0 and status.stdout.count("running") == 8
         assert (
-            sorted((root / "logs").glob("*.log")) and len(list((root / "logs").glob("*.log"))) == 7
+            sorted((root / "logs").glob("*.log")) and len(list((root / "logs").glob("*.log"))) == 8
         )
     finally:
         down = subprocess.run(
@@ -135,7 +135,7 @@ def test_components_die_with_a_crashed_owner(tmp_path: Path):
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "UP"
         pids = json.loads((tmp_path / "state.json").read_text())["pids"]
-        assert len(alive(pids)) == 7
+        assert len(alive(pids)) == 8
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -333,8 +333,29 @@ def test_the_pod_policies_name_the_release_and_scope_the_agent_to_its_node(helm:
         *("--set", "admissionPolicies.templates=false", "--set", "admissionPolicies.podKeys=false"),
         *("--set", "admissionPolicies.shareGrace=false"),
         *("--set", "admissionPolicies.agentNodeScope=false"),
+        *("--set", "admissionPolicies.queuedJobs=false"),
     )
     assert not [key for key in off if key[0].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize(
+    ("file", "suffix"),
+    [
+        (ROOT / "crds" / "job-admission-policy.yaml", "queued-jobs"),
+        (ROOT / "crds" / "jobset-admission-policy.yaml", "queued-jobsets"),
+    ],
+)
+def test_the_queued_job_policies_are_the_repository_files(helm: Helm, file: Path, suffix: str):
+    shipped = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    manifests = helm.render(namespace="gs-sys")
+    for original in shipped:
+        rendered = manifests[(original["kind"], f"gangshare-{suffix}")]
+        if original["kind"] == "ValidatingAdmissionPolicyBinding":
+            assert rendered["spec"] == {**original["spec"], "policyName": f"gangshare-{suffix}"}
+        else:
+            assert rendered["spec"] == original["spec"]
+    off = helm.render("--set", "admissionPolicies.queuedJobs=false", namespace="gs-sys")
+    assert ("ValidatingAdmissionPolicy", f"gangshare-{suffix}") not in off
 
 
 def test_scheduler_config_has_the_shape_of_the_sample(helm: Helm):
