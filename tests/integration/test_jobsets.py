@@ -9,6 +9,7 @@ JobSet is refused by the API server, naming the field.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from test_no_stuck_gangs import reasons_of
 
 from kube import Kube, NodePool, OperatorProcess, eventually
-from tj import phase_is
+from tj import create, phase_is, status, trainingjob
 
 pytestmark = pytest.mark.integration
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -56,18 +57,18 @@ def replicated(name: str, pods: int, gpus: int, pool: NodePool) -> dict[str, Any
     }
 
 
-def jobset(name: str, pool: NodePool, suspend: bool = True) -> dict[str, Any]:
+def jobset(
+    name: str, pool: NodePool, suspend: bool = True, queue: str = "default", run_for: str = "3s"
+) -> dict[str, Any]:
+    items = [replicated("leaders", 2, 2, pool), replicated("workers", 2, 2, pool)]
+    for item in items:
+        annotations = item["template"]["spec"]["template"]["metadata"]["annotations"]
+        annotations["gangshare.io/kwok-run-for"] = run_for
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "JobSet",
-        "metadata": {"name": name, "labels": {"gangshare.io/queue": "default"}},
-        "spec": {
-            "suspend": suspend,
-            "replicatedJobs": [
-                replicated("leaders", 2, 2, pool),
-                replicated("workers", 2, 2, pool),
-            ],
-        },
+        "metadata": {"name": name, "labels": {"gangshare.io/queue": queue}},
+        "spec": {"suspend": suspend, "replicatedJobs": items},
     }
 
 
@@ -113,6 +114,58 @@ def test_a_jobset_of_two_replicated_jobs_runs_as_one_gang(
             assert pod.spec.node_name == node and not pod.spec.scheduling_gates
         assert ranks == {0, 1, 2, 3}
         assert "Resumed" in reasons_of(crd, namespace, "pair")
+    finally:
+        operator.stop()
+
+
+def test_a_borrowing_jobset_is_suspended_for_its_lender_and_resumes_whole(
+    crd: Kube, pool: NodePool, namespace: str, tmp_path: Path, queues: Any
+):
+    pool.nodes(1, 8)
+    cohort = f"c{uuid.uuid4().hex[:6]}"
+    lender = queues("lender", nominalGPUs=8, cohort=cohort)
+    borrower = queues("borrower", nominalGPUs=0, cohort=cohort)
+    operator = OperatorProcess(crd, tmp_path).start()
+    try:
+        crd.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, jobset("lend", pool, queue=borrower, run_for="8s")
+        )
+        running = eventually(
+            lambda: phase_is(crd, namespace, "jobset-lend", "Running"),
+            timeout=60,
+            what="the JobSet running on its cohort's idle quota",
+        )
+        assert running["borrowed"] is True
+        create(
+            crd,
+            namespace,
+            trainingjob("lender-job", 1, 8, run_for="2s", queue=lender, gpuModel=pool.model),
+        )
+        eventually(
+            lambda: (status(crd, namespace, "jobset-lend").get("preemptions") or 0) >= 1 or None,
+            timeout=60,
+            what="the JobSet reclaimed and requeued",
+        )
+        assert eventually(
+            lambda: phase_is(crd, namespace, "lender-job", "Running", "Succeeded"),
+            timeout=60,
+            what="the lender's job started on its own quota",
+        )
+        done = eventually(
+            lambda: phase_is(crd, namespace, "jobset-lend", "Succeeded", "Failed"),
+            timeout=150,
+            what="the JobSet resumed and finished",
+        )
+        assert done["phase"] == "Succeeded" and done["attempt"] >= 1, done
+        pods = crd.core.list_namespaced_pod(
+            namespace, label_selector="gangshare.io/job=jobset-lend"
+        ).items
+        finished = [
+            p for p in pods if p.metadata.labels.get("gangshare.io/attempt") == str(done["attempt"])
+        ]
+        # The resumed attempt ran whole: all four pods, each its own rank.
+        assert sorted(int(p.metadata.labels["gangshare.io/rank"]) for p in finished) == [0, 1, 2, 3]
+        assert {"Suspended", "Resumed"} <= reasons_of(crd, namespace, "lend")
     finally:
         operator.stop()
 
