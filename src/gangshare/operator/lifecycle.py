@@ -228,7 +228,10 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
             actions.nudge_pods = gang_nudges(current, spec.workers)
     placement = {int(w["rank"]): w for w in status.get("placement") or []}
     if not created:
-        if not seen.has_service:
+        if not seen.has_service and spec.workers > 1:
+            # Only a gang's workers look each other up; a lone worker is its own master, and its
+            # Service (with the Endpoints and EndpointSlice it makes) was three of the API
+            # server's twenty requests per one-GPU job (bench/scale.py).
             actions.create_service = headless_service(spec)
         taken = {_name(p): p for p in gang.stale}
         for rank in range(spec.workers):

@@ -56,8 +56,14 @@ def owner_reference(job: TrainingJobSpec) -> dict[str, Any]:
 
 
 def rendezvous_env(job: TrainingJobSpec, rank: int) -> dict[str, str]:
-    """What torchrun and PyTorch DDP's env:// expect, plus torchrun's own PET_* arguments."""
-    master = f"{pod_name(job, 0)}.{job.name}.{job.namespace}.svc"
+    """What torchrun and PyTorch DDP's env:// expect, plus torchrun's own PET_* arguments. A
+    gang's master is worker 0 by its headless Service's DNS name; a lone worker (which gets no
+    Service) is its own, by the hostname the kubelet writes into its /etc/hosts."""
+    master = (
+        f"{pod_name(job, 0)}.{job.name}.{job.namespace}.svc"
+        if job.workers > 1
+        else pod_name(job, 0)
+    )
     env = {
         "MASTER_ADDR": master,
         "MASTER_PORT": str(MASTER_PORT),

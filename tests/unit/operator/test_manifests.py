@@ -4,6 +4,7 @@ from jobs import make_job
 
 from gangshare.kube.scheduling import gpu_devices
 from gangshare.kube.trainingjob import parse_trainingjob
+from gangshare.operator.lifecycle import Observation, detect_actions
 from gangshare.operator.manifests import worker_pod
 
 
@@ -32,6 +33,25 @@ def test_guaranteed_worker_requests_whole_gpus_and_gets_torchrun_environment():
     assert pod["spec"]["restartPolicy"] == "Never"
     # What the kubelet will hand the pod, counted by the reader every ledger uses: its plan.
     assert gpu_devices(pod["spec"]) == {"nvidia.com/gpu": 8}
+
+
+def test_a_lone_worker_is_its_own_master_and_gets_no_service():
+    one = parse_trainingjob(make_job("solo").spec(workers=1, gpusPerWorker=1).build())
+    assert env_of(worker_pod(one, 0, "n-0", [0], attempt=0))["MASTER_ADDR"] == "solo-worker-0"
+    admitted = (
+        make_job("solo")
+        .spec(workers=1, gpusPerWorker=1)
+        .status(
+            phase="Admitted",
+            attempt=0,
+            placement=[{"rank": 0, "node": "n-0", "gpus": [0]}],
+            observedGeneration=1,
+        )
+        .build()
+    )
+    actions = detect_actions(Observation(admitted, [], False, 1.0e9), "gangshare-scheduler")
+    assert actions.create_service is None
+    assert [p["metadata"]["name"] for p in actions.create_pods] == ["solo-worker-0"]
 
 
 def test_opportunistic_worker_requests_share_slots_and_records_its_memory():
