@@ -16,6 +16,7 @@ from gangshare.kube.queued import (
     QueuedJobSpec,
     WorkloadKind,
     controlled_by,
+    finished_by_conditions,
     gang_pod_gpus,
     gated_template,
     label_int,
@@ -66,15 +67,7 @@ def parse_queued_job(job: Mapping[str, Any]) -> QueuedJobSpec:
 
 def job_finished(job: Mapping[str, Any]) -> tuple[str, str] | None:
     """("Succeeded" | "Failed", why) once the Job controller says the Job is done."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("status") != "True":
-            continue
-        if cond.get("type") == "Complete":
-            return "Succeeded", "the Job completed"
-        if cond.get("type") == "Failed":
-            why = cond.get("message") or cond.get("reason") or "the Job failed"
-            return "Failed", f"the Job failed: {why}"
-    return None
+    return finished_by_conditions(job, "Complete", "Job")
 
 
 def may_resume(job: Mapping[str, Any], pods: list[dict[str, Any]] | None = None) -> bool:

@@ -18,6 +18,7 @@ from gangshare.kube.queued import (
     COMPLETION_INDEX_LABEL,
     QueuedJobSpec,
     WorkloadKind,
+    finished_by_conditions,
     gang_pod_gpus,
     gated_template,
     label_int,
@@ -113,15 +114,7 @@ def parse_queued_jobset(jobset: Mapping[str, Any]) -> QueuedJobSpec:
 
 
 def jobset_finished(jobset: Mapping[str, Any]) -> tuple[str, str] | None:
-    for cond in (jobset.get("status") or {}).get("conditions") or []:
-        if cond.get("status") != "True":
-            continue
-        if cond.get("type") == "Completed":
-            return "Succeeded", "the JobSet completed"
-        if cond.get("type") == "Failed":
-            why = cond.get("message") or cond.get("reason") or "the JobSet failed"
-            return "Failed", f"the JobSet failed: {why}"
-    return None
+    return finished_by_conditions(jobset, "Completed", "JobSet")
 
 
 def may_resume(jobset: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:

@@ -308,6 +308,22 @@ def suspended_condition(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def finished_by_conditions(
+    obj: Mapping[str, Any], complete: str, noun: str
+) -> tuple[str, str] | None:
+    """("Succeeded" | "Failed", why) once the object's controller sets its `complete` or its
+    Failed condition (a Job's is Complete, a JobSet's Completed)."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == complete:
+            return "Succeeded", f"the {noun} completed"
+        if cond.get("type") == "Failed":
+            why = cond.get("message") or cond.get("reason") or f"the {noun} failed"
+            return "Failed", f"the {noun} failed: {why}"
+    return None
+
+
 def resumed_attempt(obj: Mapping[str, Any]) -> int | None:
     """The attempt the object was last resumed for (None: never)."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION)

@@ -32,6 +32,7 @@ from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.lifecycle import (
     Limits,
     back_of_the_line,
+    commit_lift,
     enqueue,
     fail_invalid,
     start_running,
@@ -201,16 +202,9 @@ def _advance(
         message = (
             f"all {spec.workers} pods of the {kind.kind} exist; scheduling gates lifted together"
         )
-        actions.status["conditions"] = set_condition(
-            status.get("conditions"),
-            "GangScheduled",
-            True,
-            "AllWorkersCreated",
-            message,
-            seen.now,
-            gen,
-        )
-        actions.events.append(Event("Normal", "GangScheduled", message))
+        commit = Actions()
+        commit_lift(status, message, seen.now, gen, commit)
+        actions.take(commit)
         return
     started = [
         p

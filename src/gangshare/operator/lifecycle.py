@@ -256,16 +256,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
             # the gang barrier passes on), then release every gate in one step.
             actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
             message = f"all {spec.workers} workers created; scheduling gates lifted together"
-            actions.status["conditions"] = set_condition(
-                status.get("conditions"),
-                "GangScheduled",
-                True,
-                "AllWorkersCreated",
-                message,
-                seen.now,
-                gen,
-            )
-            actions.events.append(Event("Normal", "GangScheduled", message))
+            commit_lift(status, message, seen.now, gen, actions)
         return
     # Committed but interrupted (the operator stopped between two lifts): finish the lift.
     actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
@@ -289,6 +280,17 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
         actions.events.append(Event("Normal", "Completed", message))
     elif status.get("phase") == "Admitted" and all(ph in ("Running", "Succeeded") for ph in phases):
         start_running(status, f"all {spec.workers} workers running", seen.now, gen, actions)
+
+
+def commit_lift(
+    status: dict[str, Any], message: str, now: float, gen: int, actions: Actions
+) -> None:
+    """The whole gang exists: GangScheduled commits the lift of every gate (the extender's
+    barrier passes on it, and whichever reconcile comes next lifts any gate left)."""
+    actions.status["conditions"] = set_condition(
+        status.get("conditions"), "GangScheduled", True, "AllWorkersCreated", message, now, gen
+    )
+    actions.events.append(Event("Normal", "GangScheduled", message))
 
 
 def start_running(
