@@ -106,7 +106,7 @@ def running(
             pod = worker_pod(parse_trainingjob(obj), 0, name, indices, 0)
             pod["metadata"].update(uid=f"pod-{len(jobs)}", resourceVersion=str(next(rv)))
             pod["spec"]["nodeName"] = name
-            del pod["spec"]["schedulingGates"]
+            pod["spec"].pop("schedulingGates", None)
             pod["status"] = {"phase": "Running"}
             jobs.append(obj)
             pods.append(pod)

@@ -2,17 +2,24 @@
 
 The operator builds one per scheduling cycle, the extender keeps one fed by
 watches, the simulator keeps one as its live state. All mutation goes through
-`allocate` and `release`, which keep the free-GPU index in step.
+`allocate` and `release`, which keep the free-GPU index in step and count each node's
+changes, so that a scheduling cycle can keep what it judged of a node (`verdicts_kept`)
+until that node changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gangshare.core.gpu import Tenant
 from gangshare.core.job import ServiceClass
 from gangshare.core.node import NodeState
+
+# A kept verdict (core/verdicts.py): the node's change count when judged, workers that fit,
+# and one worker's score once asked for.
+Verdict = tuple[int, int, float | None]
 
 
 class AllocationError(ValueError):
@@ -34,6 +41,9 @@ class Cluster:
         # free guaranteed GPU count -> node names (dicts as insertion-ordered sets, for determinism)
         self._by_free: dict[int, dict[str, None]] = {}
         self._allocations: dict[str, list[Allocation]] = {}
+        # node name -> how often allocate/release changed it; verdicts kept while it stands
+        self._changes: dict[str, int] = {}
+        self._verdicts: dict[Hashable, dict[str, Verdict]] | None = None
         for node in nodes:
             self.add_node(node)
 
@@ -45,6 +55,7 @@ class Cluster:
         self.nodes[node.name] = node
         node.recount()
         self._by_free.setdefault(node.free_guaranteed, {})[node.name] = None
+        self._changed(node.name)
 
     def remove_node(self, name: str) -> NodeState:
         node = self.nodes.pop(name)
@@ -71,6 +82,34 @@ class Cluster:
 
     def count_with_free_at_least(self, count: int) -> int:
         return sum(len(names) for free, names in self._by_free.items() if free >= count)
+
+    # ----- verdicts kept for one cycle ----------------------------------------
+
+    @contextmanager
+    def verdicts_kept(self) -> Iterator[None]:
+        """Within the block, what a placement judged of a node for a worker request (room and
+        score) is kept and reused until allocate or release changes that node. Only for a
+        block that changes nodes no other way: a scheduling cycle (GPU utilization and node
+        objects come in between cycles). Without it, a borrower's placement judged every node
+        afresh: at 5,000 nodes and 10,000 queued jobs a new leader's first pass spent 137 s
+        on that (bench/growth.py)."""
+        self._verdicts = {}
+        try:
+            yield
+        finally:
+            self._verdicts = None
+
+    def kept_verdicts(self, request: Hashable) -> dict[str, Verdict] | None:
+        """The verdicts kept for this request, by node name; None outside `verdicts_kept`."""
+        if self._verdicts is None:
+            return None
+        return self._verdicts.setdefault(request, {})
+
+    def changes(self, name: str) -> int:
+        return self._changes.get(name, 0)
+
+    def _changed(self, name: str) -> None:
+        self._changes[name] = self._changes.get(name, 0) + 1
 
     # ----- allocations -------------------------------------------------------
 
@@ -164,6 +203,7 @@ class Cluster:
                 self._reindex(node, before)
 
     def _reindex(self, node: NodeState, before: int) -> None:
+        self._changed(node.name)
         node.recount()
         after = node.free_guaranteed
         if after != before:

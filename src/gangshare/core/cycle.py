@@ -75,6 +75,18 @@ def schedule_cycle(
     policy: QueuePolicy,
     now: float,
 ) -> CycleResult:
+    # The cycle changes nodes only by allocate and release: what it judged of one holds until.
+    with cluster.verdicts_kept():
+        return _schedule(cluster, pending, running, policy, now)
+
+
+def _schedule(
+    cluster: Cluster,
+    pending: list[QueuedJob],
+    running: list[RunningJob],
+    policy: QueuePolicy,
+    now: float,
+) -> CycleResult:
     # Phase 1
     book = CohortBook(policy.queues)
     for holder in running:

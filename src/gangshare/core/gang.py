@@ -26,6 +26,7 @@ from gangshare.core.job import (
 )
 from gangshare.core.node import NodeState
 from gangshare.core.score import opportunistic_bound, score_worker
+from gangshare.core.verdicts import room_of, score_of
 
 
 @dataclass(frozen=True)
@@ -191,21 +192,35 @@ def _choose_nodes(
 def _candidates(cluster: Cluster, req: WorkerRequest) -> list[Candidate]:
     nodes: Iterable[NodeState]
     nodes = cluster.nodes_with_free_at_least(req.gpus) if req.guaranteed else cluster.nodes.values()
+    kept = cluster.kept_verdicts(req)
     found = []
     for node in nodes:
-        capacity = worker_capacity(node, req)
+        capacity = room_of(cluster, node, req, kept)
         if capacity > 0:
             found.append((node, capacity))
     return found
 
 
 def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candidate] | None:
+    kept = cluster.kept_verdicts(req)
     if req.guaranteed:
         # The index yields the tightest nodes first, so the first fit is the best fit.
         for node in cluster.nodes_with_free_at_least(req.gpus * workers):
-            if worker_capacity(node, req) >= workers:
+            if room_of(cluster, node, req, kept) >= workers:
                 return [(node, workers)]
         return None
+    if kept is not None:
+        # Every node's verdict is at hand (most kept from earlier in the cycle): the best
+        # score, then the name, as the branch and bound below finds it.
+        found = min(
+            (
+                (-score_of(cluster, node, req, kept), name)
+                for name, node in cluster.nodes.items()
+                if room_of(cluster, node, req, kept) >= workers
+            ),
+            default=None,
+        )
+        return None if found is None else [(cluster.nodes[found[1]], workers)]
     nodes: Iterable[tuple[float, str, NodeState]]
     if req.gpus == 1:
         # Branch and bound: visit nodes by the most a 1-GPU worker could score there (name

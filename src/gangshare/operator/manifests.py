@@ -113,7 +113,12 @@ def worker_pod(
     if job.gpu_memory_mib is not None:
         annotations[POD_GPU_MEMORY] = str(job.gpu_memory_mib)
     spec["schedulerName"] = scheduler_name
-    spec["schedulingGates"] = [{"name": GANG_GATE}]
+    if job.workers > 1:
+        spec["schedulingGates"] = [{"name": GANG_GATE}]
+    else:
+        # A lone worker is its whole gang: no sibling to wait for, so no gate to lift (one
+        # API request of the seventeen a one-GPU job cost in bench/scale.py).
+        spec.pop("schedulingGates", None)
     spec["hostname"] = pod_name(job, rank)
     spec["subdomain"] = job.name
     # A gang restarts as a whole; a container restarting in place would hide the failure.

@@ -73,6 +73,57 @@ def test_gates_are_lifted_only_when_the_whole_gang_exists():
     assert [e.reason for e in actions.events] == ["GangScheduled"]
 
 
+def lone(**status):
+    return (
+        make_job("j")
+        .spec(workers=1, gpusPerWorker=1)
+        .status(
+            phase="Admitted",
+            attempt=0,
+            restarts=0,
+            placement=[{"rank": 0, "node": "n-0", "gpus": [3]}],
+            observedGeneration=1,
+            **status,
+        )
+    )
+
+
+def test_a_lone_worker_is_created_ungated_with_no_status_write_of_its_own():
+    job = lone().build()
+    # A template's own gate is no way to hold the planned GPU unused.
+    job["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "tenant/hold"}]
+    actions = detect(job, service=False)
+    assert actions.create_service is None  # its own master: no headless Service
+    (created,) = actions.create_pods
+    assert "schedulingGates" not in created["spec"]
+    assert created["metadata"]["annotations"]["gangshare.io/planned-gpus"] == "3"
+    assert actions.lift_gates == [] and actions.status == {} and actions.events == []
+    # Created and waiting to run: nothing to write, nothing to lift, nothing to create again.
+    assert detect(job, pods=[pod("j", 0)], service=False).empty
+
+
+def test_a_lone_workers_commit_rides_on_its_running_write():
+    actions = detect(lone().build(), pods=[pod("j", 0, phase="Running", node="n-0")])
+    assert actions.status["phase"] == "Running"
+    conditions = {c["type"]: c["status"] for c in actions.status["conditions"]}
+    assert conditions["GangScheduled"] == "True" and conditions["Running"] == "True"
+    assert [e.reason for e in actions.events] == ["Running"]
+
+
+def test_a_lone_worker_that_vanishes_before_it_runs_is_made_again():
+    # Never committed (nothing was written), so a missing worker is one still to create, not
+    # a failed gang: no restart is charged.
+    actions = detect(lone().build(), service=False)
+    assert [p["metadata"]["name"] for p in actions.create_pods] == ["j-worker-0"]
+    assert "phase" not in actions.status
+
+
+def test_a_lone_worker_gated_by_an_earlier_version_is_committed_and_lifted():
+    actions = detect(lone().build(), pods=[pod("j", 0, gated=True)])
+    assert actions.lift_gates == ["j-worker-0"]
+    assert [e.reason for e in actions.events] == ["GangScheduled"]
+
+
 def test_all_workers_running_moves_the_job_to_running():
     job = admitted().condition("GangScheduled", True).build()
     actions = detect(
