@@ -30,16 +30,17 @@ def main() -> int:
     if faults.pod_create_delay:
         create = kubeapi.KubeApi.create
         # One pod at a time (the operator creates a gang's pods side by side): a test that
-        # kills it "between two workers" needs the window.
+        # kills it "between two workers" needs the window. The wait comes before each pod
+        # appears: an admitted gang has no pod for that long (a one-worker gang's pod is made
+        # ungated, so a wait after it would leave no unstarted gang to race).
         one_at_a_time = threading.Lock()
 
         def slow_create(self: Any, kind: str, namespace: str, body: dict[str, Any]) -> bool:
             if kind != "Pod":
                 return create(self, kind, namespace, body)
             with one_at_a_time:
-                created = create(self, kind, namespace, body)
                 time.sleep(faults.pod_create_delay)
-            return created
+                return bool(create(self, kind, namespace, body))
 
         kubeapi.KubeApi.create = slow_create  # type: ignore[method-assign]
 
