@@ -290,10 +290,17 @@ def commit_lift(
 ) -> None:
     """The whole gang exists: GangScheduled commits the lift of every gate (the extender's
     barrier passes on it, and whichever reconcile comes next lifts any gate left)."""
-    actions.status["conditions"] = set_condition(
+    actions.status["conditions"] = _gang_scheduled(status, message, now, gen)
+    actions.events.append(Event("Normal", "GangScheduled", message))
+
+
+def _gang_scheduled(
+    status: dict[str, Any], message: str, now: float, gen: int
+) -> list[dict[str, Any]]:
+    """The status's conditions with GangScheduled True: every worker exists."""
+    return set_condition(
         status.get("conditions"), "GangScheduled", True, "AllWorkersCreated", message, now, gen
     )
-    actions.events.append(Event("Normal", "GangScheduled", message))
 
 
 def lone_worker_committed(
@@ -307,16 +314,7 @@ def lone_worker_committed(
     bench/scale.py (30% of its CPU at four a job)."""
     if workers != 1 or len(current) != 1 or any(gated(p) for p in current.values()):
         return None
-    conditions = set_condition(
-        status.get("conditions"),
-        "GangScheduled",
-        True,
-        "AllWorkersCreated",
-        "its one worker created",
-        now,
-        gen,
-    )
-    return {**status, "conditions": conditions}
+    return {**status, "conditions": _gang_scheduled(status, "its one worker created", now, gen)}
 
 
 def start_running(
