@@ -1,5 +1,9 @@
 # One image for every gangshare component; the command picks the role:
 #   gangshare operator | gangshare extender | gangshare agent
+# `make image` builds the same image where no base image can be pulled
+# (src/gangshare/dev/release_image.py); tests/e2e/test_image.py holds the two to one contract:
+# Python 3.11 under /usr/local, the wheel of this checkout with its dependencies, entrypoint
+# `gangshare`, user and group 65532.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -10,9 +14,10 @@ RUN test -f src/gangshare/agent/kubeletapi/deviceplugin_pb2.py \
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
-RUN useradd --uid 65532 --create-home gangshare
+RUN groupadd --gid 65532 gangshare \
+    && useradd --uid 65532 --gid 65532 --create-home --shell /usr/sbin/nologin gangshare
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-USER 65532
+USER 65532:65532
 ENTRYPOINT ["gangshare"]
 CMD ["--help"]

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test protos lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo panels
+.PHONY: test protos lint typecheck contracts unit bench results clean venv k8s dev-up dev-down demo panels image
 
 # The virtual environment is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -38,6 +38,12 @@ protos: $(STAMP)
 # outside the repo (cold: long; warm: instant).
 k8s:
 	bash scripts/build-k8s.sh
+
+# gangshare's image and the chart's kube-scheduler image as docker-archives, built without pulling
+# anything (src/gangshare/dev/release_image.py; cached by content under ~/.cache/gangshare/images);
+# prints each image's name and tarball, for `ctr -n k8s.io images import`.
+image: $(STAMP) protos k8s node-deps
+	$(BIN)/python -m gangshare.dev.release_image
 
 # containerd, runc, CNI plugins and busybox for the real kubelet node of the e2e tests
 # (src/gangshare/dev/realnode.py); installs only what is missing, needs root then.

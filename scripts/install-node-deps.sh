@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the optional real kubelet node (src/gangshare/dev/realnode.py) needs
-# on the host: a container runtime, CNI plugins and a static busybox for the test image.
+# on the host: a container runtime, CNI plugins, nftables (the pod network's one Service
+# rule) and a static busybox for the test image.
 #
 # Idempotent: a second run with everything present does nothing (no apt-get update).
 # Debian's containerd service must never run: realnode.py starts its own containerd
@@ -11,7 +12,7 @@
 # Usage: scripts/install-node-deps.sh [--check]   (--check: exit 1 if anything is missing)
 set -euo pipefail
 
-PACKAGES=(containerd runc containernetworking-plugins busybox-static)
+PACKAGES=(containerd runc containernetworking-plugins busybox-static nftables)
 
 log() { printf '[node-deps] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +25,35 @@ from gangshare.core import (
 )
 from gangshare.core.spec import SpecError, parse_cluster_spec
 
+# Package data of gangshare.dev (see [tool.setuptools.package-data] in pyproject.toml).
+DEMO_CLUSTER = "data/demo-cluster.yaml"
 
-def load_cluster(path: Path) -> Cluster:
+
+def load_cluster(path: Path | None) -> Cluster:
+    """The cluster of a spec file, or the embedded demo cluster (`gangshare dev up`'s) for None.
+
+    The embedded spec ships in the wheel, so `gangshare plan` runs anywhere it is installed.
+    """
     try:
-        doc: Any = yaml.safe_load(path.read_text())
+        if path is None:
+            text = resources.files("gangshare.dev").joinpath(DEMO_CLUSTER).read_text()
+        else:
+            text = path.read_text()
+        doc: Any = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
-        raise SpecError(f"{path}: cannot read cluster spec ({err})") from None
+        where = path or f"gangshare.dev/{DEMO_CLUSTER}"
+        raise SpecError(f"{where}: cannot read cluster spec ({err})") from None
     return Cluster(node.to_state() for node in parse_cluster_spec(doc or {}))
 
 
 def add_plan_command(commands: Any) -> None:
     plan = commands.add_parser("plan", help="show where a gang would be placed on a cluster spec")
-    plan.add_argument("--cluster", type=Path, required=True, help="cluster spec YAML (nodePools)")
+    plan.add_argument(
+        "--cluster",
+        type=Path,
+        default=None,
+        help="cluster spec YAML (nodePools; default: the embedded demo cluster of `gangshare dev`)",
+    )
     plan.add_argument("--workers", type=int, default=1)
     plan.add_argument("--gpus", type=int, default=1, help="GPUs per worker")
     plan.add_argument(

@@ -563,6 +563,8 @@ AGENT_HOST_PATHS = {
     "/var/run/gangshare": ("DirectoryOrCreate", False),
     # The pods it may have stopped, for the next agent should this one be killed (#25).
     "/var/run/gangshare-agent": ("DirectoryOrCreate", False),
+    # The MPS control daemon's pipes, at the host's path: Allocate names it in host mounts.
+    "/tmp/nvidia-mps": ("DirectoryOrCreate", True),
 }
 
 
@@ -577,7 +579,7 @@ def host_paths(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tupl
     }
 
 
-def test_the_agent_daemonset_is_root_with_only_kill_and_four_host_paths(helm: Helm):
+def test_the_agent_daemonset_is_root_with_only_kill_and_five_host_paths(helm: Helm):
     manifests = helm.render("--set", "image.repository=registry.example/gangshare")
     daemonset = manifests[("DaemonSet", "gangshare-agent")]
     assert daemonset["metadata"]["namespace"] == "gangshare-system"
@@ -596,7 +598,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_four_host_paths(helm: He
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    # Exactly the device-plugin README's four host paths (plus the /tmp emptyDir).
+    # Exactly the device-plugin README's five host paths (plus the /tmp emptyDir).
     assert host_paths(pod, agent) == AGENT_HOST_PATHS
     assert [v["name"] for v in pod["volumes"] if "emptyDir" in v] == ["tmp"]
     # Placement: GPU nodes, through their GPU taint, never preempted for ordinary pods.
@@ -619,6 +621,11 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_four_host_paths(helm: He
     assert str(parsed.state_dir) == "/var/run/gangshare-agent"
     assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     assert str(parsed.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert (str(parsed.mps_pipe_dir), parsed.nvml, parsed.fake_spec) == (
+        "/tmp/nvidia-mps",
+        "nvml",
+        None,
+    )
     values = [
         # --set reads 0.1 as a string; the schema wants numbers (as from a values file).
         *("--set", "agent.shareSlots=8", "--set-json", "agent.tolerance=0.1"),
@@ -1533,3 +1540,42 @@ def test_uninstall_removes_the_release_but_keeps_the_crd(kube: Kube, helm: Helm,
     assert crd_exists(kube) and crd_exists(kube, QUEUE_CRD_NAME)
     # Nor the default Queue those TrainingJobs name.
     assert default_queue(kube) is not None
+
+
+def test_the_ci_values_change_only_images_and_the_fake_gpus(helm: Helm):
+    """deploy/helm/gangshare/ci/real-node-values.yaml (the install test's) overrides only image
+    references and agent.fakeGpus, which becomes the agent's --nvml fake and a mounted spec."""
+    ci_values = CHART / "ci" / "real-node-values.yaml"
+    overrides = yaml.safe_load(ci_values.read_text())
+    assert overrides == {
+        "image": {"repository": "gangshare.local/gangshare", "tag": "dev"},
+        "scheduler": {"image": {"repository": "gangshare.local/kube-scheduler"}},
+        "agent": {"fakeGpus": overrides["agent"]["fakeGpus"]},
+    }
+    manifests = helm.render("-f", str(ci_values))
+    pod = manifests[("DaemonSet", "gangshare-agent")]["spec"]["template"]["spec"]
+    [agent] = pod["containers"]
+    parsed = cli_parser().parse_args(agent["args"])
+    assert (parsed.nvml, str(parsed.fake_spec)) == ("fake", "/etc/gangshare/fake-gpus/spec.yaml")
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["fake-gpus"] == {
+        "name": "fake-gpus",
+        "mountPath": "/etc/gangshare/fake-gpus",
+        "readOnly": True,
+    }
+    spec = manifests[("ConfigMap", "gangshare-agent-fake-gpus")]["data"]["spec.yaml"]
+    assert yaml.safe_load(spec) == overrides["agent"]["fakeGpus"]
+    assert agent["image"] == "gangshare.local/gangshare:dev"
+    scheduler = containers(manifests[("Deployment", "gangshare-scheduler")])
+    assert scheduler["kube-scheduler"]["image"] == "gangshare.local/kube-scheduler:v1.35.4"
+
+
+def test_no_pod_of_the_chart_gets_service_link_variables(helm: Helm):
+    """A Service `<release>-extender` would put GANGSHARE_EXTENDER_PORT=tcp://... into every pod
+    of the namespace, and the CLI reads that variable (the install on a real kubelet crashed on
+    it)."""
+    manifests = helm.render()
+    workloads = [m for (kind, _), m in manifests.items() if kind in ("Deployment", "DaemonSet")]
+    assert len(workloads) == 3
+    for workload in workloads:
+        assert workload["spec"]["template"]["spec"]["enableServiceLinks"] is False

@@ -86,7 +86,11 @@ class LocalCluster:
 
     # ----- lifecycle -----------------------------------------------------------------------
 
-    def up(self, nodes: list[NodeSpec], timeout: float = 180.0) -> ClusterState:
+    def up(
+        self, nodes: list[NodeSpec], timeout: float = 180.0, with_gangshare: bool = True
+    ) -> ClusterState:
+        """Start the control plane with `nodes`. Without `with_gangshare` no extender and no
+        gangshare-scheduler run: a bare cluster for a release of the chart to bring its own."""
         existing = self.layout.state
         if existing.exists() and any(
             processes.Child(n, p, Path()).alive() for n, p in self._recorded_pids().items()
@@ -100,7 +104,7 @@ class LocalCluster:
         # service-account tokens signed by the old keys) would clash with the fresh PKI and nodes.
         shutil.rmtree(self.layout.etcd_data, ignore_errors=True)
         try:
-            return self._start(nodes, time.monotonic() + timeout)
+            return self._start(nodes, time.monotonic() + timeout, with_gangshare)
         except ApiException as err:
             self.down()
             raise ClusterError(
@@ -110,7 +114,7 @@ class LocalCluster:
             self.down()
             raise
 
-    def _start(self, nodes: list[NodeSpec], deadline: float) -> ClusterState:
+    def _start(self, nodes: list[NodeSpec], deadline: float, with_gangshare: bool) -> ClusterState:
         layout = self.layout
         creds = generate_credentials(layout.pki)
         ports = Ports(*(processes.free_port() for _ in range(len(fields(Ports)))))
@@ -155,28 +159,22 @@ class LocalCluster:
             "kube-scheduler",
             components.scheduler_argv(self.bins, layout, layout.scheduler_config, ports.scheduler),
         )
-        self._spawn("gangshare-extender", components.extender_argv(layout, ports))
+        if with_gangshare:
+            self._spawn("gangshare-extender", components.extender_argv(layout, ports))
         self._spawn("kwok", components.kwok_argv(self.bins, layout, ports))
         healthz = [
             ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),
             ("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/healthz"),
             ("kwok", f"http://127.0.0.1:{ports.kwok}/healthz"),
-            ("gangshare-extender", f"http://127.0.0.1:{ports.extender_metrics}/readyz"),
         ]
+        if with_gangshare:
+            healthz.append(
+                ("gangshare-extender", f"http://127.0.0.1:{ports.extender_metrics}/readyz")
+            )
         for name, url in healthz:
             self._wait_healthy(name, url, deadline)
-        # gangshare's own kube-scheduler starts once the extender it calls is ready.
-        self._spawn(
-            "gangshare-scheduler",
-            components.scheduler_argv(
-                self.bins, layout, layout.gangshare_scheduler_config, ports.gangshare_scheduler
-            ),
-        )
-        self._wait_healthy(
-            "gangshare-scheduler",
-            f"https://127.0.0.1:{ports.gangshare_scheduler}/healthz",
-            deadline,
-        )
+        if with_gangshare:
+            self._start_gangshare_scheduler(ports, deadline)
 
         api = self.core_api()
         if jobset.available(self.bins):
@@ -246,6 +244,21 @@ class LocalCluster:
             return {}
 
     # ----- internals -----------------------------------------------------------------------
+
+    def _start_gangshare_scheduler(self, ports: Ports, deadline: float) -> None:
+        # gangshare's own kube-scheduler starts once the extender it calls is ready.
+        layout = self.layout
+        self._spawn(
+            "gangshare-scheduler",
+            components.scheduler_argv(
+                self.bins, layout, layout.gangshare_scheduler_config, ports.gangshare_scheduler
+            ),
+        )
+        self._wait_healthy(
+            "gangshare-scheduler",
+            f"https://127.0.0.1:{ports.gangshare_scheduler}/healthz",
+            deadline,
+        )
 
     def _start_jobset(self, creds: Any, ports: Ports, deadline: float, api_client: Any) -> None:
         """JobSet's controller (dev/jobset.py), once its CRD is served and before its webhooks

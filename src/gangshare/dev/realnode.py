@@ -4,8 +4,10 @@ containers (device plugins, PodResources, cgroup limits) rather than KWOK's simu
 Our own containerd (own config, root, state and socket under `root`) and a kubelet run as
 children like the control plane's components, logs in `<root>/logs/`. The node registers
 tainted and labelled `gangshare.io/real-node=true` and without KWOK's annotation, so only
-pods that tolerate the taint and select the label land on it. Pods must use the host
-network and `image: gangshare-test:1` with `imagePullPolicy: Never` (realnode_image.py).
+pods that tolerate the taint and select the label land on it. Pods use `image:
+gangshare-test:1` (or realnode_pyimage.py's) with `imagePullPolicy: Never`
+(realnode_image.py), and either the host network or the pod network of realnode_net.py,
+where the API server answers at the `kubernetes` Service as in any cluster.
 
 The kubelet's own paths are fixed (its device-plugin registration socket ignores
 --root-dir), so one real node per machine: a lock file says whose it is. Needs root, the
@@ -27,14 +29,13 @@ from typing import Any
 
 import yaml
 
-from gangshare.dev import processes, realnode_host, realnode_lock
+from gangshare.dev import processes, realnode_host, realnode_lock, realnode_net
 from gangshare.dev.realnode_config import (
     CNI_BIN_DIR,
     KUBELET_ROOT,
     POD_LOGS,
     NodeLayout,
     RealNodeState,
-    cni_conflist,
     containerd_argv,
     containerd_config,
     kubelet_argv,
@@ -43,7 +44,8 @@ from gangshare.dev.realnode_config import (
 from gangshare.dev.realnode_image import BUSYBOX, IMAGE_REF, ImageError, image_tarball
 from gangshare.dev.realnode_pyimage import PY_IMAGE_REF, python_image_tarball
 
-HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
+HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "ip", "nft")
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
 # Says /var/lib/kubelet is ours to wipe: a machine's real kubelet state never is.
 MARKER = ".gangshare-real-node"
 
@@ -157,6 +159,8 @@ class RealNode:
         left += [f"mount {m}" for m in realnode_host.unmount_all(KUBELET_ROOT, self.layout.root)]
         left += realnode_host.remove_iptables_chains()
         left += [f"cgroup {c}" for c in realnode_host.remove_kubepods_cgroups()]
+        # After the unmounts: they free the pods' network namespaces and with them the veths.
+        left += realnode_net.tear_down()
         if not realnode_host.remove_tree(KUBELET_ROOT):
             left.append(str(KUBELET_ROOT))
         # The kubelet removes a pod's logs only some time after the pod is gone.
@@ -183,9 +187,10 @@ class RealNode:
 
     def _check_host(self) -> None:
         if os.geteuid() != 0:
-            raise RealNodeError("a real kubelet node needs root (mounts, cgroups, iptables)")
+            raise RealNodeError("a real kubelet node needs root (mounts, cgroups, network)")
         missing = [t for t in HOST_TOOLS if shutil.which(t) is None]
-        missing += [str(p) for p in (CNI_BIN_DIR / "loopback", BUSYBOX) if not p.exists()]
+        needed = [*(CNI_BIN_DIR / p for p in CNI_PLUGINS), BUSYBOX]
+        missing += [str(p) for p in needed if not p.exists()]
         if missing:
             raise RealNodeError(
                 f"missing {', '.join(missing)}: run scripts/install-node-deps.sh as root"
@@ -205,15 +210,19 @@ class RealNode:
             )
         # A fresh node each time: containerd's metadata and the kubelet's checkpoints
         # (device assignments, pod folders) of an earlier run would only get in the way.
-        for folder in (layout.root / "containerd", KUBELET_ROOT):
+        # host-local's reservations of sandboxes nobody deleted through CNI go the same way.
+        stale = (layout.root / "containerd", KUBELET_ROOT, layout.cni_conf_dir, layout.cni_ipam_dir)
+        for folder in stale:
             if not realnode_host.remove_tree(folder):
                 raise RealNodeError(f"cannot clear {folder}: something is still mounted there")
         KUBELET_ROOT.mkdir(parents=True)
         marker.write_text(f"{layout.root}\n")
         layout.root.mkdir(parents=True, exist_ok=True)
-        layout.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+        layout.cni_conf_dir.mkdir(parents=True)
         layout.containerd_config.write_text(containerd_config(layout))
-        (layout.cni_conf_dir / "10-loopback.conflist").write_text(cni_conflist())
+        (layout.cni_conf_dir / "10-pods.conflist").write_text(
+            realnode_net.cni_conflist(layout.cni_ipam_dir)
+        )
         self.ports = {"kubelet": processes.free_port(), "healthz": processes.free_port()}
         self.earlier_logs = realnode_host.pod_log_entries()
         layout.kubelet_config.write_text(
@@ -224,6 +233,11 @@ class RealNode:
         )
         self._save()
 
+        try:
+            # Before containerd: the bridge plugin then finds the bridge set up as it must be.
+            realnode_net.set_up(self.kubeconfig)
+        except realnode_net.NetError as err:
+            raise RealNodeError(f"pod network: {err}") from None
         containerd = shutil.which("containerd") or "containerd"
         self._spawn("containerd", containerd_argv(layout, containerd))
         self._wait("containerd", deadline, lambda: self._ctr("version").returncode == 0)
@@ -240,13 +254,18 @@ class RealNode:
         except ImageError as err:
             raise RealNodeError(str(err)) from None
         for tarball, ref in images:
-            done = self._ctr("images", "import", str(tarball), timeout=120)
-            if done.returncode != 0 or self._ctr("images", "check", f"name=={ref}").returncode:
-                raise RealNodeError(
-                    f"ctr images import {tarball} failed: {done.stdout.strip()}\n"
-                    f"containerd log {self.children['containerd'].log}:\n"
-                    f"{self.children['containerd'].tail()}"
-                )
+            self.import_image(tarball, ref)
+
+    def import_image(self, tarball: Path, ref: str) -> None:
+        """A docker-archive into the node's containerd (the CRI's namespace), where `ref` is
+        then found as a pod's image without a pull."""
+        done = self._ctr("images", "import", str(tarball), timeout=300)
+        if done.returncode != 0 or self._ctr("images", "check", f"name=={ref}").returncode:
+            containerd = self.children.get("containerd")
+            raise RealNodeError(
+                f"ctr images import {tarball} failed: {done.stdout.strip()} {done.stderr}\n"
+                + (f"containerd log {containerd.log}:\n{containerd.tail()}" if containerd else "")
+            )
 
     def _ctr(self, *args: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str]:
         argv = ["ctr", "--address", str(self.layout.containerd_socket), "-n", "k8s.io", *args]

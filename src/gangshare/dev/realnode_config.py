@@ -33,6 +33,7 @@ class NodeLayout:
     containerd_state: Path = field(init=False)
     containerd_socket: Path = field(init=False)
     cni_conf_dir: Path = field(init=False)
+    cni_ipam_dir: Path = field(init=False)
     kubelet_config: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -43,6 +44,8 @@ class NodeLayout:
         self.containerd_state = self.root / "containerd" / "state"
         self.containerd_socket = self.root / "containerd" / "containerd.sock"
         self.cni_conf_dir = self.root / "cni"
+        # host-local's address reservations (its default is /var/lib/cni/networks).
+        self.cni_ipam_dir = self.root / "cni-ipam"
         self.kubelet_config = self.root / "kubelet-config.yaml"
 
 
@@ -86,6 +89,9 @@ def containerd_config(layout: NodeLayout) -> str:
             # runc cannot lower oom_score_adj without CAP_SYS_RESOURCE, which these VMs lack:
             # without this every sandbox dies with "can't get final child's PID from pipe: EOF".
             "  restrict_oom_score_adj = true",
+            # Pod network namespaces are mounted under /var/run/netns by default: under the
+            # node's state dir, teardown's unmount under the node's root frees them too.
+            "  netns_mounts_under_state_dir = true",
             '[plugins."io.containerd.grpc.v1.cri".cni]',
             f"  bin_dir = {_toml(CNI_BIN_DIR)}",
             f"  conf_dir = {_toml(layout.cni_conf_dir)}",
@@ -100,18 +106,6 @@ def containerd_config(layout: NodeLayout) -> str:
             f"  Root = {_toml(layout.root / 'containerd' / 'runc')}",
             "",
         ]
-    )
-
-
-def cni_conflist() -> str:
-    # Only so the CRI reports NetworkReady: every pod on this node uses the host network.
-    return json.dumps(
-        {
-            "cniVersion": "1.0.0",
-            "name": "gangshare-loopback",
-            "plugins": [{"type": "loopback"}],
-        },
-        indent=2,
     )
 
 

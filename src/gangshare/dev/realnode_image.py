@@ -14,7 +14,10 @@ import json
 import os
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
+
+from gangshare.dev.imagefs import file_digest
 
 IMAGE = "gangshare-test:1"
 # `ctr images import` stores a short name the way the CRI resolves it for a pod's `image:`.
@@ -70,31 +73,60 @@ def busybox_applets(busybox: Path) -> list[str]:
     return sorted(names - {"busybox"})
 
 
-def docker_archive(layers: list[bytes], image: str, env: tuple[str, ...] = ()) -> bytes:
-    diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
-    config = {
+def docker_archive(
+    layers: list[bytes], image: str, env: tuple[str, ...] = (), **config: object
+) -> bytes:
+    """A docker-archive of in-memory layers (small test images)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, layer in enumerate(layers):
+            path = Path(tmp) / f"{i}.tar"
+            path.write_bytes(layer)
+            paths.append(path)
+        out = Path(tmp) / "image.tar"
+        write_docker_archive(out, paths, image, env, **config)
+        return out.read_bytes()
+
+
+def write_docker_archive(
+    path: Path, layers: list[Path], image: str, env: tuple[str, ...] = (), **config: object
+) -> None:
+    """What `docker save` writes, from layer tarballs on disk; `config` adds or replaces keys of
+    the image's run config (Entrypoint, Cmd, User, ...). Everything in it is fixed (no dates, no
+    host names), so the same layers always give the same image ID."""
+    diff_ids = ["sha256:" + file_digest(layer) for layer in layers]
+    run_config: dict[str, object] = {
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env],
+        # What the pod sandbox runs; test containers bring their own command.
+        "Cmd": ["sleep", "1000000"],
+        **config,
+    }
+    image_config = {
         "architecture": "amd64",
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env],
-            # What the pod sandbox runs; test containers bring their own command.
-            "Cmd": ["sleep", "1000000"],
-        },
+        "config": run_config,
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
-    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_bytes = json.dumps(image_config, sort_keys=True).encode()
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     names = [d.removeprefix("sha256:") + "/layer.tar" for d in diff_ids]
     manifest = [{"Config": config_name, "RepoTags": [image], "Layers": names}]
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    partial = path.with_suffix(f".partial.{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(partial, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         add_file(tar, config_name, config_bytes)
         for name, layer in zip(names, layers, strict=True):
             add_dir(tar, name.split("/")[0])
-            add_file(tar, name, layer)
+            info = tarfile.TarInfo(name)
+            info.size = layer.stat().st_size
+            info.mode = 0o644
+            info.mtime = EPOCH
+            with layer.open("rb") as data:
+                tar.addfile(info, data)
         add_file(tar, "manifest.json", json.dumps(manifest).encode())
-    return out.getvalue()
+    # Atomic, so a concurrent or interrupted build never leaves half a tarball under the key.
+    partial.replace(path)
 
 
 def busybox_layer(binary: bytes, applets: list[str]) -> bytes:

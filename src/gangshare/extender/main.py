@@ -30,14 +30,14 @@ def add_extender_command(commands: Any) -> None:
         default=env("GANGSHARE_EXTENDER_HOST", "127.0.0.1"),
         help="address of the verbs; loopback unless --tls-cert/--tls-key/--client-ca are given",
     )
-    ext.add_argument("--port", type=int, default=int(env("GANGSHARE_EXTENDER_PORT", "8888")))
+    ext.add_argument("--port", type=int, default=env("GANGSHARE_EXTENDER_PORT", "8888"))
     ext.add_argument(
         "--metrics-host",
         default=env("GANGSHARE_EXTENDER_METRICS_HOST", "0.0.0.0"),
         help="address of /healthz, /readyz and /metrics (no verbs there)",
     )
     ext.add_argument(
-        "--metrics-port", type=int, default=int(env("GANGSHARE_EXTENDER_METRICS_PORT", "8889"))
+        "--metrics-port", type=int, default=env("GANGSHARE_EXTENDER_METRICS_PORT", "8889")
     )
     ext.add_argument(
         "--scheduler-name",

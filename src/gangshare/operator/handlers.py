@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +42,20 @@ def pod_listener(
     return seen
 
 
+def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """The API server where client-go's in-cluster config finds it: KUBERNETES_SERVICE_HOST and
+    _PORT, which the kubelet sets in every pod. kopf's service-account login names
+    https://kubernetes.default.svc, which needs cluster DNS: where a pod cannot resolve it (DNS
+    not up yet, a node without it) the operator's watches never started."""
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    port = environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return info
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return dataclasses.replace(info, server=f"https://{host}:{port}")
+
+
 def build_registry(
     reconciler: Reconciler,
     loop: SchedulerLoop,
@@ -55,7 +71,9 @@ def build_registry(
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # An explicit registry lacks kopf's default login handlers: in-cluster, then KUBECONFIG.
         info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
-        return info or kopf.login_with_kubeconfig(**kwargs)
+        if info is not None:
+            return in_cluster_server(info, os.environ)
+        return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -31,9 +31,7 @@ def add_operator_command(commands: Any) -> None:
     op.add_argument(
         "--scheduler-name", default=env("GANGSHARE_SCHEDULER_NAME", "gangshare-scheduler")
     )
-    op.add_argument(
-        "--cycle-interval", type=float, default=float(env("GANGSHARE_CYCLE_INTERVAL", "1.0"))
-    )
+    op.add_argument("--cycle-interval", type=float, default=env("GANGSHARE_CYCLE_INTERVAL", "1.0"))
     op.add_argument(
         "--ordering",
         choices=[o.value for o in Ordering],
@@ -85,7 +83,7 @@ def add_operator_command(commands: Any) -> None:
     op.add_argument(
         "--start-timeout",
         type=float,
-        default=float(env("GANGSHARE_START_TIMEOUT", "120")),
+        default=env("GANGSHARE_START_TIMEOUT", "120"),
         help="seconds an admitted gang may take to have every worker bound before its GPUs "
         "are released and it is requeued",
     )
