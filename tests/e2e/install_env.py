@@ -34,6 +34,12 @@ RELEASE = "gangshare"
 NAMESPACE = "gangshare-system"
 GPU_NODE_LABEL = "gangshare.io/gpu-node"
 CAP_KILL = 1 << 5
+# The agent's hostPath folders (DirectoryOrCreate): the kubelet makes them on this machine.
+AGENT_HOST_DIRS = (
+    Path("/tmp/nvidia-mps"),
+    Path("/var/run/gangshare"),
+    Path("/var/run/gangshare-agent"),
+)
 # Prints the GPUs the kubelet's Allocate gave the container, as the container sees them.
 REPORT = 'echo "node-gpus=$GANGSHARE_NODE_GPUS uuids=$NVIDIA_VISIBLE_DEVICES"'
 
@@ -75,6 +81,7 @@ def bare_world(root: Path) -> Iterator[InstallEnv]:
     """The control plane, the GPU node and the images; torn down whatever the tests did."""
     bins = binaries.bin_dir(build=True)
     images = [release_image.gangshare_image(), release_image.scheduler_image(bins)]
+    made = [d for d in AGENT_HOST_DIRS if not d.exists()]
     cluster = LocalCluster(root / "cluster", bins)
     state = cluster.up([], with_gangshare=False)
     kube = Kube(state, bins, config.new_client_from_config(config_file=state.kubeconfig))
@@ -92,6 +99,8 @@ def bare_world(root: Path) -> Iterator[InstallEnv]:
         keep_pod_logs(root / "pod-logs")
         left = node.down()
         survivors = cluster.down()
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
     assert left == [], f"the real node left behind: {left}"
     assert survivors == [], f"components survived teardown: {survivors}"
 

@@ -650,6 +650,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_five_host_paths(helm: He
         "/var/lib/k0s/kubelet/pod-resources",
         "/var/run/gangshare",
         "/var/run/gangshare-agent",
+        "/tmp/nvidia-mps",
     }
     assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     account = changed[("ServiceAccount", "gangshare-agent")]
