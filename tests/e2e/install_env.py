@@ -10,7 +10,6 @@ pod's UID in their cgroup, and what the kernel says each runs as.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from gangshare.dev.cluster import LocalCluster
 from gangshare.dev.realnode import RealNode
 from gangshare.dev.realnode_config import POD_LOGS, REAL_NODE_LABEL
 from gangshare.dev.realnode_image import IMAGE
-from kube import Kube, eventually
+from kube import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gangshare"
@@ -263,10 +262,3 @@ def _root_read_only(mountinfo: str) -> bool:
         if parts[4] == "/":
             return "ro" in parts[5].split(",")
     return False
-
-
-def wait_until(check: Any, timeout: float, what: str) -> float:
-    """Seconds until `check` held (polling every 0.2 s)."""
-    started = time.monotonic()
-    eventually(check, timeout=timeout, what=what)
-    return time.monotonic() - started

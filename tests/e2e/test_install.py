@@ -31,16 +31,15 @@ from install_env import (
     pod_processes,
     rollout_done,
     trainingjob,
-    wait_until,
 )
 from kubernetes import client
 
+import tj
 from gangshare.core.annotations import POD_ASSIGNED_GPUS
 from kube import eventually
 
 pytestmark = pytest.mark.e2e
 
-TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
 JOBS = "team-a"
 
 
@@ -58,17 +57,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstallEnv]:
 
 
 def submit(env: InstallEnv, body: dict[str, Any]) -> None:
-    env.kube.custom.create_namespaced_custom_object(*TJ[:2], JOBS, TJ[2], body)
-
-
-def tj_status(env: InstallEnv, name: str) -> dict[str, Any]:
-    job = env.kube.custom.get_namespaced_custom_object(*TJ[:2], JOBS, TJ[2], name)
-    return job.get("status") or {}
+    tj.create(env.kube, JOBS, body)
 
 
 def phase(env: InstallEnv, name: str, *phases: str) -> str | None:
-    current = tj_status(env, name).get("phase")
-    return current if current in phases else None
+    current = tj.phase_is(env.kube, JOBS, name, *phases)
+    return None if current is None else str(current["phase"])
 
 
 def finished(env: InstallEnv, name: str, timeout: float = 120) -> str:
@@ -98,7 +92,7 @@ def test_install_brings_every_pod_ready_and_runs_a_first_job(env: InstallEnv):
         return True
 
     eventually(submitted, timeout=60, what="the TrainingJob CRD served and the first job made")
-    wait_until(lambda: rollout_done(env), 300, "every release pod Ready")
+    eventually(lambda: rollout_done(env), timeout=300, what="every release pod Ready")
     env.figures["helm install -> every pod Ready"] = time.monotonic() - started
 
     def running() -> bool:
@@ -326,7 +320,7 @@ def test_an_upgrade_rolls_the_pods_and_loses_or_doubles_no_job(env: InstallEnv):
     long_pods = job_pods(env, "gangshare.io/job=long")
     assert [p.metadata.uid for p in long_pods] == [running.metadata.uid]
     assert len(job_pods(env, "gangshare.io/job=waiting")) == 1
-    assert tj_status(env, "long").get("restarts", 0) == 0
+    assert tj.status(env.kube, JOBS, "long").get("restarts", 0) == 0
 
 
 def test_uninstall_removes_every_pod_and_keeps_the_crds_and_jobs(env: InstallEnv):
@@ -335,7 +329,9 @@ def test_uninstall_removes_every_pod_and_keeps_the_crds_and_jobs(env: InstallEnv
     crds = client.ApiextensionsV1Api(env.kube.api_client)
     for crd in ("trainingjobs.gangshare.io", "queues.gangshare.io"):
         crds.read_custom_resource_definition(crd)
-    kept = env.kube.custom.list_namespaced_custom_object(*TJ[:2], JOBS, TJ[2])["items"]
+    kept = env.kube.custom.list_namespaced_custom_object(tj.GROUP, tj.VERSION, JOBS, tj.PLURAL)[
+        "items"
+    ]
     assert {"first", "pair", "steady", "long", "waiting"} <= {j["metadata"]["name"] for j in kept}
 
 
