@@ -47,13 +47,15 @@ def namespace(kube: Kube) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def crd(kube: Kube) -> Kube:
-    """The TrainingJob and Queue CRDs and the admission policy, as `kubectl apply -f crds/`
+    """The TrainingJob and Queue CRDs and the admission policies, as `kubectl apply -f crds/`
     installs them (the operator creates the `default` Queue itself)."""
     for path in (
         "trainingjob.yaml",
         "trainingjob-admission-policy.yaml",
         "job-admission-policy.yaml",
         "jobset-admission-policy.yaml",
+        "pod-owner-policy.yaml",
+        "job-owner-policy.yaml",
         "queue.yaml",
     ):
         subprocess.run(

@@ -91,6 +91,17 @@ def test_fifty_pods_at_once_on_exactly_fifty_free_gpus(pool: NodePool):
     assert len(used) == 50 and len(set(used)) == 50, "a GPU index was handed out twice"
 
 
+def displaced_now(kube: Kube) -> dict[str, str]:
+    """The gangs whose plan the cluster as it is now breaks, as the operator's ledger says."""
+    raw = kube.api_client.sanitize_for_serialization
+    snapshot = build_snapshot(
+        [raw(n) for n in kube.core.list_node().items],
+        [raw(p) for p in kube.core.list_pod_for_all_namespaces().items],
+        kube.custom.list_cluster_custom_object(*TJ[:2], TJ[2])["items"],
+    )
+    return snapshot.displaced
+
+
 def admit_by_hand(kube: Kube, namespace: str, name: str, placement: list[tuple[str, list[int]]]):
     """A TrainingJob whose admission is committed (status written as the operator writes it);
     no operator runs, so nothing else happens to it."""
@@ -219,13 +230,8 @@ def test_a_burst_of_bare_pods_never_displaces_an_admitted_plan(
     placed = bare_placed()
     per_node = {node: sum(1 for n, _ in placed.values() if n == node) for node in (a, b, c)}
     assert per_node == {a: 1, b: 1, c: 8}, per_node
-    raw = kube.api_client.sanitize_for_serialization
-    snapshot = build_snapshot(
-        [raw(n) for n in kube.core.list_node().items],
-        [raw(p) for p in kube.core.list_pod_for_all_namespaces().items],
-        kube.custom.list_cluster_custom_object(*TJ[:2], TJ[2])["items"],
-    )
-    assert f"{namespace}/big" not in snapshot.displaced, snapshot.displaced
+    displaced = displaced_now(kube)
+    assert f"{namespace}/big" not in displaced, displaced
 
 
 def test_bind_binds_only_gangshares_own_pending_gpu_pods(

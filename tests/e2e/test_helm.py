@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import ssl
@@ -155,6 +156,7 @@ def test_values_schema_rejects_bad_values_naming_the_key(helm: Helm):
         ("podDisruptionBudget.enable=false", "enable"),
         ("admissionPolicies.shareGraceSeconds=60", "/admissionPolicies/shareGraceSeconds"),
         ("admissionPolicies.templateGraceSeconds=-1", "/admissionPolicies/templateGraceSeconds"),
+        ("admissionPolicies.jobControllers={a'b}", "/admissionPolicies/jobControllers/0"),
     ]:
         done = helm("template", "x", str(CHART), "--set", setting, check=False)
         assert done.returncode != 0 and key in done.stderr, (setting, done.stderr)
@@ -334,6 +336,7 @@ def test_the_pod_policies_name_the_release_and_scope_the_agent_to_its_node(helm:
         *("--set", "admissionPolicies.shareGrace=false"),
         *("--set", "admissionPolicies.agentNodeScope=false"),
         *("--set", "admissionPolicies.queuedJobs=false"),
+        *("--set", "admissionPolicies.ownership=false"),
     )
     assert not [key for key in off if key[0].startswith("ValidatingAdmissionPolicy")]
 
@@ -355,6 +358,45 @@ def test_the_queued_job_policies_are_the_repository_files(helm: Helm, file: Path
         else:
             assert rendered["spec"] == original["spec"]
     off = helm.render("--set", "admissionPolicies.queuedJobs=false", namespace="gs-sys")
+    assert ("ValidatingAdmissionPolicy", f"gangshare-{suffix}") not in off
+
+
+@pytest.mark.parametrize(
+    ("file", "suffix", "variable"),
+    [
+        (ROOT / "crds" / "pod-owner-policy.yaml", "pod-owners", "jobControllers"),
+        (ROOT / "crds" / "job-owner-policy.yaml", "job-owners", "jobsetControllers"),
+    ],
+)
+def test_the_ownership_policies_are_the_repository_files_with_the_controllers_from_values(
+    helm: Helm, file: Path, suffix: str, variable: str
+):
+    shipped = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    ours = "system:serviceaccount:ops:controllers"
+    for users, manifests in [
+        (None, helm.render(namespace="gs-sys")),  # the chart's defaults are the file's
+        (f"['{ours}']", helm.render("--set", f"admissionPolicies.{variable}={{{ours}}}")),
+    ]:
+        for original in shipped:
+            rendered = manifests[(original["kind"], f"gangshare-{suffix}")]
+            expected = copy.deepcopy(original["spec"])
+            if original["kind"] == "ValidatingAdmissionPolicyBinding":
+                expected["policyName"] = f"gangshare-{suffix}"
+            for v in expected.get("variables", []):
+                if v["name"] == variable and users is not None:
+                    v["expression"] = users
+            assert rendered["spec"] == expected
+    # The reserved-keys policy lets the same Job controller copy a template's job label.
+    keys = helm.render("--set", f"admissionPolicies.jobControllers={{{ours}}}")
+    [made] = [
+        v
+        for v in keys[("ValidatingAdmissionPolicy", "gangshare-reserved-pod-keys")]["spec"][
+            "variables"
+        ]
+        if v["name"] == "madeByAJob"
+    ]
+    assert f"request.userInfo.username in ['{ours}']" in made["expression"]
+    off = helm.render("--set", "admissionPolicies.ownership=false", namespace="gs-sys")
     assert ("ValidatingAdmissionPolicy", f"gangshare-{suffix}") not in off
 
 
@@ -565,6 +607,8 @@ AGENT_HOST_PATHS = {
     "/var/run/gangshare-agent": ("DirectoryOrCreate", False),
     # The MPS control daemon's pipes, at the host's path: Allocate names it in host mounts.
     "/tmp/nvidia-mps": ("DirectoryOrCreate", True),
+    # Writable: a throttled pod is frozen whole through its cgroup (#36).
+    "/sys/fs/cgroup": ("Directory", False),
 }
 
 
@@ -579,7 +623,7 @@ def host_paths(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tupl
     }
 
 
-def test_the_agent_daemonset_is_root_with_only_kill_and_five_host_paths(helm: Helm):
+def test_the_agent_daemonset_is_root_with_only_kill_and_six_host_paths(helm: Helm):
     manifests = helm.render("--set", "image.repository=registry.example/gangshare")
     daemonset = manifests[("DaemonSet", "gangshare-agent")]
     assert daemonset["metadata"]["namespace"] == "gangshare-system"
@@ -598,7 +642,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_five_host_paths(helm: He
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    # Exactly the device-plugin README's five host paths (plus the /tmp emptyDir).
+    # Exactly the device-plugin README's six host paths (plus the /tmp emptyDir).
     assert host_paths(pod, agent) == AGENT_HOST_PATHS
     assert [v["name"] for v in pod["volumes"] if "emptyDir" in v] == ["tmp"]
     # Placement: GPU nodes, through their GPU taint, never preempted for ordinary pods.
@@ -619,6 +663,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_five_host_paths(helm: He
     assert (parsed.share_slots, parsed.tolerance, parsed.control_period) == (4, 0.05, 2.0)
     assert (parsed.metrics_port, str(parsed.socket_dir)) == (9402, "/var/run/gangshare")
     assert str(parsed.state_dir) == "/var/run/gangshare-agent"
+    assert str(parsed.cgroup_root) == "/host/sys/fs/cgroup"
     assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     assert str(parsed.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert (str(parsed.mps_pipe_dir), parsed.nvml, parsed.fake_spec) == (
@@ -651,6 +696,7 @@ def test_the_agent_daemonset_is_root_with_only_kill_and_five_host_paths(helm: He
         "/var/run/gangshare",
         "/var/run/gangshare-agent",
         "/tmp/nvidia-mps",
+        "/sys/fs/cgroup",
     }
     assert str(parsed.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     account = changed[("ServiceAccount", "gangshare-agent")]

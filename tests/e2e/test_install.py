@@ -140,6 +140,13 @@ def test_the_agent_registers_its_device_plugin_and_publishes_the_gpus(env: Insta
     assert "gangshare.io/gpu-topology" in node.metadata.annotations
     sockets = {p.name for p in env.node.device_plugin_dir.glob("*.sock")}
     assert "kubelet.sock" in sockets and len(sockets) >= 2, sockets
+    # The backstop freezes a throttled pod through the host's cgroups, mounted by the chart.
+    [agent] = env.kube.core.list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/component=agent"
+    ).items
+    logs = env.kube.core.read_namespaced_pod_log(agent.metadata.name, NAMESPACE)
+    assert "throttled pods are frozen through cgroup v" in logs, logs[-2000:]
+    assert "at /host/sys/fs/cgroup" in logs and "no cgroup freezer" not in logs
 
 
 def proxy_get(env: InstallEnv, service: str, path: str) -> str:

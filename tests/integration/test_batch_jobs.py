@@ -36,7 +36,7 @@ def batch_job(
     *,
     run_for: str = "3s",
     indexed: bool = True,
-    scheduler: str | None = None,
+    scheduler: str | None = "gangshare-scheduler",
     suspend: bool = True,
     gpu_resource: str = "nvidia.com/gpu",
 ) -> dict[str, Any]:
@@ -100,8 +100,9 @@ def test_an_indexed_job_runs_as_one_gang_one_island_per_pod(
     crd: Kube, pool: NodePool, namespace: str, tmp_path: Path
 ):
     (node,) = pool.nodes(1, 8, islands=[[0, 1, 2, 3], [4, 5, 6, 7]])
-    # Written as users already write Jobs: no scheduler named, so the default one binds the
-    # pods, each pinned to its planned node by the affinity gangshare adds when it ungates it.
+    # Placed by gangshare's scheduler (the admission policy asks for it: its profile never
+    # preempts), each pod pinned to its planned node by the affinity gangshare adds when it
+    # ungates it.
     jobs_api(crd).create_namespaced_job(namespace, batch_job("index", "default", 2, 4, pool))
     operator = OperatorProcess(crd, tmp_path).start()
     try:

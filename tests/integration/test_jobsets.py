@@ -42,6 +42,7 @@ def replicated(name: str, pods: int, gpus: int, pool: NodePool) -> dict[str, Any
                     },
                     "spec": {
                         "restartPolicy": "Never",
+                        "schedulerName": "gangshare-scheduler",
                         "nodeSelector": {"gangshare.io/pool": pool.label},
                         "containers": [
                             {

@@ -2,8 +2,9 @@
 
 The chart's reserved-pod-keys and share-pod-grace policies are rendered by helm and applied. A
 tenant with the built-in `edit` role in its namespace (impersonated) may not remove gangshare's
-keys from a worker, and nobody may create a pod that shares GPUs with a grace period long enough
-to keep the GPU memory its eviction should free.
+keys from a worker, nor pass a pod off as a TrainingJob's worker (issue #36, item 6), and nobody
+may create a pod that shares GPUs with a grace period long enough to keep the GPU memory its
+eviction should free.
 """
 
 from __future__ import annotations
@@ -148,3 +149,30 @@ def test_a_pod_sharing_gpus_may_not_outlast_its_eviction(
     tenant.create_namespaced_pod(namespace, pod("bounded", 30))
     # Whole GPUs are not squeezed by a neighbour's eviction: their grace is the tenant's.
     tenant.create_namespaced_pod(namespace, pod("whole", YEAR, "nvidia.com/gpu"))
+
+
+def test_a_tenant_may_not_pass_a_pod_off_as_a_trainingjobs_worker(
+    policies: str, kube: Kube, namespace: str, tenant: client.CoreV1Api
+):
+    # The operator takes a pod of a worker's name that its TrainingJob controls for one it made
+    # (issue #36, item 6): a tenant's pod made under that name, naming the TrainingJob, may not.
+    training_job = {
+        "apiVersion": "gangshare.io/v1alpha1",
+        "kind": "TrainingJob",
+        "name": "train",
+        "uid": str(uuid.uuid4()),
+        "controller": True,
+    }
+    message = "metadata.ownerReferences: a reference to a TrainingJob is written by gangshare only"
+
+    def squat(name: str) -> None:
+        body = gpu_pod(name, 1, scheduler="no-such-scheduler")
+        body.metadata.owner_references = [training_job]
+        tenant.create_namespaced_pod(namespace, body)
+
+    refused_once_live(squat, message)
+    # Nor may an update add one to a pod the tenant made plain.
+    tenant.create_namespaced_pod(namespace, gpu_pod("train-worker-0", 1, scheduler="x"))
+    claim = {"metadata": {"ownerReferences": [training_job]}}
+    refused = refusal(lambda: tenant.patch_namespaced_pod("train-worker-0", namespace, claim))
+    assert refused is not None and message in refused, refused

@@ -134,3 +134,19 @@ def test_a_resource_the_node_does_not_have_can_never_fit():
     needs = PodConstraints(resources=(("rdma/hca", 1), ("pods", 1)))
     reason = never_fits(built, make_gang("ns/ib").gpus(1).constrained(needs).build())
     assert reason is not None and reason.startswith("can never fit")
+
+
+def test_a_pod_level_request_bigger_than_the_node_is_refused_as_kube_scheduler_refuses_it():
+    from gangshare.kube.scheduling import pod_constraints
+
+    # 32 CPUs and 256Gi asked at pod level (spec.resources); the containers ask nearly nothing.
+    template = {
+        "resources": {"requests": {"cpu": "32", "memory": "256Gi"}},
+        "containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+    }
+    built = make_cluster().node(make_node("n").gpus(8).allocatable(16_000, 512)).build()
+    gang = make_gang("ns/big").gpus(1).constrained(pod_constraints(template)).build()
+    rejection = filter_worker(built.node("n"), gang.worker())
+    assert rejection is not None
+    assert rejection.reason == "insufficient cpu: 16000m left, worker needs 32000m"
+    assert isinstance(plan_gang(built, gang), Unschedulable)

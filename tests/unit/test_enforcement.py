@@ -8,6 +8,7 @@ from gangshare.core.enforcement import (
     SdkReport,
     backstop_duties,
     cooperation,
+    duty_overruns,
     memory_overruns,
     running_at,
 )
@@ -68,3 +69,31 @@ def test_a_guaranteed_pod_has_no_caps_so_nothing_here_can_touch_it() -> None:
     since, evict = memory_overruns({}, {"guaranteed": 80000}, {}, 0.0, PARAMS)
     assert since == {} and evict == []
     assert backstop_duties({}, {}, {"guaranteed": "g"}) == {}
+
+
+def test_a_held_pod_that_stays_over_its_duty_is_removed_after_the_stated_bound() -> None:
+    """Freezing stops host processes, not the GPU work they queued: a pod that measures over
+    its duty though held is removed once held a full window and over for the overrun time."""
+    held, busy = {"o": 0.2, "ok": 0.2}, {"o": 0.9, "ok": 0.25}
+    window, overrun = PARAMS.measure_window_seconds, PARAMS.duty_overrun_seconds
+    since, over, evict = duty_overruns(held, busy, {}, {}, 0.0, PARAMS)
+    assert since == {"o": 0.0, "ok": 0.0} and over == {} and evict == []  # window not full
+    since, over, evict = duty_overruns(held, busy, since, over, window, PARAMS)
+    assert over == {"o": window} and evict == []  # "ok" is within duty plus the slack
+    since, over, evict = duty_overruns(held, busy, since, over, window + overrun - 1, PARAMS)
+    assert evict == []
+    since, over, evict = duty_overruns(held, busy, since, over, window + overrun, PARAMS)
+    assert [(e.uid, e.reason) for e in evict] == [("o", "GpuDutyOverrun")]
+    assert "busy 90% of the time while held to a duty of 20%" in evict[0].message
+    # Within its duty again: the clock starts over; let go: it is forgotten.
+    since, over, evict = duty_overruns(held, {"o": 0.2}, since, over, window + overrun, PARAMS)
+    assert over == {} and evict == []
+    since, over, evict = duty_overruns({}, busy, since, {"o": 1.0}, 100.0, PARAMS)
+    assert since == {} and over == {} and evict == []
+
+
+def test_a_held_pod_nvml_cannot_measure_is_never_removed_for_its_duty() -> None:
+    since, over, evict = {"o": 0.0}, {}, []
+    for now in range(0, 120, 2):
+        since, over, evict = duty_overruns({"o": 0.0}, {}, since, over, float(now), PARAMS)
+        assert evict == []

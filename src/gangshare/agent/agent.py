@@ -27,6 +27,7 @@ from gangshare.agent.checkpoint import CheckpointError, DeviceCheckpoint, Device
 from gangshare.agent.control_loop import ControlLoop
 from gangshare.agent.coordinator import Coordinator
 from gangshare.agent.devices import RESOURCES, DeviceMap
+from gangshare.agent.freezer import CGROUP_ROOT, CgroupFreezer
 from gangshare.agent.layers import detect_layers
 from gangshare.agent.metrics import AgentMetrics
 from gangshare.agent.nodeapi import POD_LIST_TIMEOUT, NodeApi
@@ -59,6 +60,8 @@ class AgentConfig:
     mps_pipe_dir: Path | None = None
     # Node-local state that must outlive a killed agent (the pods it may have stopped).
     state_dir: Path | None = None
+    # Where the host's cgroup hierarchies are mounted: throttled pods are frozen there.
+    cgroup_root: Path = CGROUP_ROOT
     control: ControlParams = field(default_factory=ControlParams)
     enforcement: EnforcementParams = field(default_factory=EnforcementParams)
 
@@ -98,6 +101,7 @@ class Agent:
         self.throttler = (
             Throttler(
                 config.enforcement.throttle_period_seconds,
+                CgroupFreezer(config.cgroup_root),
                 state_file=config.state_dir / THROTTLE_STATE if config.state_dir else None,
             )
             if self.layers.stop_continue

@@ -8,7 +8,7 @@ per-process memory and SM time, and health events.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gangshare.core.gpu import Gpu
 from gangshare.core.topology import Island, islands_from_link_matrix
@@ -16,6 +16,14 @@ from gangshare.core.topology import Island, islands_from_link_matrix
 # XIDs that an application causes (bad memory access, illegal instruction, ...): they say
 # nothing about the GPU, so they do not mark it unhealthy (the list NVIDIA's plugin skips).
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+class _HasPid(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+T = TypeVar("T", bound=_HasPid)
 
 
 class BackendError(RuntimeError):
@@ -65,6 +73,19 @@ class GpuProcess:
     # The process's SM share 0..1 since the last read (NVML's per-process samples); None
     # where the GPU gives none. Measured by the driver, so the tenant cannot forge it.
     sm: float | None = None
+
+
+def merged_processes(compute: list[T], mps: list[T]) -> list[T]:
+    """One GPU's processes from NVML's two lists (anything with a `pid`), each process once.
+
+    Under CUDA MPS, the compute list names only the MPS server: each client process is in
+    the MPS list (nvmlDeviceGetMPSComputeRunningProcesses) alone. Reading one list would
+    show no tenant at all on an MPS node, so its memory and SM judgement would see nobody.
+    """
+    seen: dict[int, T] = {}
+    for process in [*compute, *mps]:
+        seen.setdefault(int(process.pid), process)
+    return list(seen.values())
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,12 @@ from gangshare.agent.coordinator import (
     caps_annotation,
     memory_by_pod,
 )
+from gangshare.agent.freezer import signal_processes
 from gangshare.agent.metrics import AgentMetrics
 from gangshare.agent.nodeapi import NodeApi
 from gangshare.agent.podresources import PodDevices
 from gangshare.agent.sdkserver import SdkServer
-from gangshare.agent.throttle import Throttler, signal_processes
+from gangshare.agent.throttle import Throttler
 from gangshare.core.annotations import JOB_LABEL, POD_EVICTED, POD_GPU_CAPS
 
 log = logging.getLogger("gangshare.agent")

@@ -5,7 +5,8 @@ hold share slots (`gangshare.io/gpu-share`, opportunistic) from the kubelet's Po
 the guaranteed pod's step times from its SDK, and memory and SM time per pod from NVML's
 process list (host PID -> cgroup -> pod). It runs `decide_gpu` per GPU, gives each
 opportunistic pod its caps (pushed to its SDK and written on the pod), throttles pods that do
-not keep their duty, and removes pods that stay over their memory cap.
+not keep their duty, and removes pods that stay over their memory cap, or over their duty
+though throttled.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gangshare.core.enforcement import (
     SdkReport,
     backstop_duties,
     cooperation,
+    duty_overruns,
     measured_share,
     memory_overruns,
     pod_caps,
@@ -107,6 +109,9 @@ class Coordinator:
         # measures within its duty, which says nothing about what it would do if let go.
         self._measured: dict[str, deque[tuple[float, float]]] = {}
         self._caught: dict[str, tuple[str, str]] = {}
+        # Pods the backstop holds -> since when; and those measured over their duty though held.
+        self._held_since: dict[str, float] = {}
+        self._duty_over_since: dict[str, float] = {}
         self._generation = 0
 
     # ----- from the SDK server's thread ----------------------------------------------------
@@ -201,6 +206,10 @@ class Coordinator:
                 if uid not in caps and uid not in steps:
                     del self._reports[uid]
         backstop = backstop_duties(caps, throttled, gangs)
+        self._held_since, self._duty_over_since, overruns = duty_overruns(
+            backstop, measured, self._held_since, self._duty_over_since, now, self.enforcement
+        )
+        evictions += overruns
         return Outcome(caps, changed, changes, throttled, backstop, evictions, dict(self._controls))
 
     def _tenants(

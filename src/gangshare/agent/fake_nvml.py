@@ -14,6 +14,8 @@ time, in seconds since the backend started:
               gpus: {"0": {sm: 0.4, memoryUsedMiB: 2048}}
           processes:                         # sm: the process's SM share, as NVML
             - {gpu: 0, pid: 4242, memoryMiB: 1024, sm: 0.9, at: 0, until: 600}
+            - {gpu: 0, pid: 4343, memoryMiB: 512, mps: true}   # an MPS client: NVML's MPS
+                                                               # list names it, not the other
           failures:
             - {gpu: 1, at: 5, xid: 79}        # or `lost: true`
 
@@ -41,6 +43,7 @@ from gangshare.agent.backend import (
     HealthEvent,
     Inventory,
     is_critical_xid,
+    merged_processes,
 )
 from gangshare.core.spec import NodeSpec, SpecError, parse_cluster_spec
 
@@ -58,7 +61,8 @@ class Failure:
 class FakeNode:
     inventory: Inventory
     utilization: tuple[tuple[float, dict[int, tuple[float, int]]], ...]
-    processes: tuple[tuple[float, float, GpuProcess], ...]  # (at, until, process)
+    # (at, until, process, whether NVML lists it as an MPS client rather than a compute one)
+    processes: tuple[tuple[float, float, GpuProcess, bool], ...]
     failures: tuple[Failure, ...]
 
 
@@ -130,7 +134,10 @@ def parse_fake(section: Any, path: str, count: int) -> tuple[Any, Any, Any]:
         )
         start = _number(entry.get("at", 0), f"{where}.at")
         until = _number(entry.get("until", float("inf")), f"{where}.until")
-        processes.append((start, until, process))
+        mps = entry.get("mps", False)
+        if not isinstance(mps, bool):
+            raise BackendError(f"{where}.mps: must be true or false, got {mps!r}")
+        processes.append((start, until, process, mps))
     failures = []
     for i, entry in enumerate(_list(fake, "failures", path)):
         where = f"{path}.failures[{i}]"
@@ -254,7 +261,13 @@ class FakeBackend:
     def processes(self) -> list[GpuProcess]:
         self._refresh()
         now = self._elapsed()
-        return [p for at, until, p in self.node.processes if at <= now < until]
+        live = [(p, mps) for at, until, p, mps in self.node.processes if at <= now < until]
+        out: list[GpuProcess] = []
+        for gpu in self.node.inventory.gpus:
+            on_gpu = [(p, mps) for p, mps in live if p.index == gpu.index]
+            compute = [p for p, mps in on_gpu if not mps]
+            out += merged_processes(compute, [p for p, mps in on_gpu if mps])
+        return out
 
     def _due(self) -> list[HealthEvent]:
         now = self._elapsed()

@@ -81,6 +81,13 @@ def add_agent_command(commands: Any) -> None:
         help="CUDA MPS pipe folder; used when an MPS control daemon runs there",
     )
     agent.add_argument(
+        "--cgroup-root",
+        type=Path,
+        default=Path("/sys/fs/cgroup"),
+        help="where the host's cgroup hierarchies are mounted, writable: throttled pods are "
+        "frozen there (cgroup.freeze, or the v1 freezer)",
+    )
+    agent.add_argument(
         "--tolerance",
         type=float,
         default=0.05,
@@ -150,6 +157,7 @@ def run_agent(args: argparse.Namespace) -> int:
         publish_interval=args.publish_interval,
         mps_pipe_dir=args.mps_pipe_dir,
         state_dir=args.state_dir,
+        cgroup_root=args.cgroup_root,
         control=control,
     )
     try:

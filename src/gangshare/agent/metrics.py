@@ -3,7 +3,7 @@
 Label values: `gpu` is the GPU's index on the node; `namespace`/`pod` name the pod; `reason`
 is the CamelCase reason of the matching event (OpportunisticSqueezed, OpportunisticBackedOff,
 OpportunisticProbeFailed; for throttles the backstop's cause: NoSdk, SdkSilent, OverDuty;
-for evictions GpuMemoryOverCap).
+for evictions GpuMemoryOverCap, GpuDutyOverrun and GpuMemoryKilled).
 """
 
 from __future__ import annotations

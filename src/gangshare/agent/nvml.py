@@ -19,6 +19,7 @@ from gangshare.agent.backend import (
     HealthEvent,
     Inventory,
     is_critical_xid,
+    merged_processes,
 )
 
 MIB = 1024 * 1024
@@ -114,20 +115,31 @@ class NvmlBackend:
         return out
 
     def processes(self) -> list[GpuProcess]:
-        nvml = self.nvml
         out = []
         for index, handle in enumerate(self.handles):
-            try:
-                running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except nvml.NVMLError:
+            compute = self._listed(handle, "nvmlDeviceGetComputeRunningProcesses")
+            mps = self._listed(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+            if compute is None and mps is None:
                 continue
+            # Read once per GPU: each read takes the samples since the last one.
             busy = self._sm_by_pid(index, handle)
-            for process in running:
-                used = process.usedGpuMemory
+            for process in merged_processes(compute or [], mps or []):
                 pid = int(process.pid)
                 sm = None if busy is None else busy.get(pid, 0.0)
-                out.append(GpuProcess(index, pid, int((used or 0) // MIB), sm))
+                out.append(GpuProcess(index, pid, int((process.usedGpuMemory or 0) // MIB), sm))
         return out
+
+    def _listed(self, handle: Any, call: str) -> list[Any] | None:
+        """One of NVML's process lists for a GPU; None where it cannot be read (a driver
+        without the call, or a GPU that refuses it: no MPS list where MPS never ran)."""
+        nvml = self.nvml
+        read = getattr(nvml, call, None)
+        if read is None:
+            return None
+        try:
+            return list(read(handle))
+        except nvml.NVMLError:
+            return None
 
     def _sm_by_pid(self, index: int, handle: Any) -> dict[int, float] | None:
         """Each process's mean SM share over the samples since the last read; None where the

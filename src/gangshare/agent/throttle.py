@@ -1,6 +1,6 @@
 """The backstop's stop/continue: an uncooperative opportunistic pod runs only its duty's share.
 
-Every process of the pod (found by cgroup) is stopped and continued together, and the core
+The pod is stopped whole, by freezing its cgroup (agent/freezer.py), and the core
 hands the same duty to every pod of the gang on this node, so ranks stay in step. A pod that
 leaves the throttled set, and every pod when the agent stops, is continued: the agent never
 leaves anything stopped behind it.
@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from gangshare.agent.cgroups import pids_by_pod
+from gangshare.agent.freezer import CgroupFreezer, PodStopper
 from gangshare.core.enforcement import running_at
 
 log = logging.getLogger("gangshare.agent")
@@ -32,16 +31,14 @@ class Throttler:
     def __init__(
         self,
         period: float,
-        pids: Callable[[], Mapping[str, list[int]]] = pids_by_pod,
-        kill: Callable[[int, int], None] = os.kill,
+        stopper: PodStopper | None = None,
         clock: Callable[[], float] = time.monotonic,
         state_file: Path | None = None,
     ) -> None:
         self.period = period
         self.state_file = state_file
         self._recorded: frozenset[str] = frozenset()
-        self.pids = pids
-        self.kill = kill
+        self.stopper: PodStopper = stopper if stopper is not None else CgroupFreezer()
         self.clock = clock
         self._duties: dict[str, float] = {}
         self._stopped: set[str] = set()
@@ -63,14 +60,12 @@ class Throttler:
         self._recorded = uids
 
     def resume_left_stopped(self) -> list[str]:
-        """Continue every process of the pods a previous agent may have left stopped."""
+        """Thaw and continue the pods a previous agent may have left stopped."""
         if self.state_file is None:
             return []
         uids = read_state(self.state_file)
         if uids:
-            pids = self.pids()
-            for uid in uids:
-                self._signal(pids.get(uid, []), signal.SIGCONT)
+            self.stopper.resume(uids)
             log.warning("continued pods a previous agent may have left stopped: %s", uids)
         with self._lock:
             self._record(frozenset(self._duties) | self._stopped)
@@ -107,31 +102,13 @@ class Throttler:
         to_stop, to_continue = want_stopped - stopped, stopped - want_stopped
         if not to_stop and not to_continue:
             return
-        pids = self.pids()
-        for uid in to_stop:
-            self._signal(pids.get(uid, []), signal.SIGSTOP)
-        for uid in to_continue:
-            self._signal(pids.get(uid, []), signal.SIGCONT)
+        self.stopper.stop(to_stop)
+        self.stopper.resume(to_continue)
         self.cycles += len(to_stop)
         with self._lock:
             self._stopped = want_stopped
             if release_all:
                 self._record(frozenset())
-
-    def _signal(self, pids: list[int], sig: int) -> None:
-        signal_processes(pids, sig, self.kill)
-
-
-def signal_processes(pids: list[int], sig: int, kill: Callable[[int, int], None] = os.kill) -> int:
-    """Send `sig` to each process; how many got it (a process gone meanwhile is skipped)."""
-    sent = 0
-    for pid in pids:
-        try:
-            kill(pid, sig)
-            sent += 1
-        except ProcessLookupError:
-            continue
-    return sent
 
 
 def write_state(path: Path, uids: frozenset[str]) -> None:

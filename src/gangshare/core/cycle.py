@@ -19,7 +19,6 @@ its live state. Same function, same decisions.
 
 from __future__ import annotations
 
-from bisect import insort
 from dataclasses import replace
 
 from gangshare.core.backfill import (
@@ -34,7 +33,8 @@ from gangshare.core.backfill import (
 )
 from gangshare.core.cluster import Cluster
 from gangshare.core.constraints import PodConstraints
-from gangshare.core.gang import Unschedulable, apply_plan, never_fits, plan_gang
+from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
+from gangshare.core.held import HeldGpus, avoiding, gpus_by_node
 from gangshare.core.job import GangRequest, ServiceClass, Topology
 from gangshare.core.queueing import (
     QueuedJob,
@@ -149,13 +149,8 @@ class _Cycle:
         self.failed_shapes: dict[ShapeKey, tuple[int, str]] = {}
         # Shape and workers -> why it can never fit (None: it could), judged once per cycle.
         self.never: dict[tuple[object, ...], str | None] = {}
-        self._free_gpus: int | None = None
-        # (expected end, GPUs) of every guaranteed job running or admitted in this cycle,
-        # sorted: built once, then kept as admissions add to it (backfill reserves for every
-        # blocked head, and rebuilding it each time made a large cycle quadratic).
-        self._ending: list[tuple[float, int]] | None = None
-        # The same per queue, for its own guaranteed jobs (quota reservations).
-        self._queue_ending: dict[str, list[tuple[float, int]]] | None = None
+        # Guaranteed GPUs free and freeing, where blocked heads can run (reservations).
+        self.held = HeldGpus(cluster, running, now, policy.default_runtime_seconds)
         # Lanes whose first quota-blocked job reserved in this cycle.
         self._quota_lanes: set[tuple[str, str, str]] = set()
 
@@ -221,6 +216,8 @@ class _Cycle:
                 self._reserve_quota_once_per_lane(job)
             return True
         backfill = self._backfill_refusal(job)
+        if backfill is not None and backfill.avoid and self._place_away(job, backfill.avoid):
+            return False
         if backfill is not None:
             # Its queue's quota is promised to a head: beyond it, a job may still borrow.
             if (
@@ -270,6 +267,24 @@ class _Cycle:
 
     def _place(self, job: QueuedJob, gang: GangRequest, borrowed: bool) -> bool:
         """Plan and assume the gang; False (with the reason recorded) when it does not fit."""
+        plan = self._plan(job, gang)
+        if isinstance(plan, str):
+            self._block(job, plan, borrowed)
+            return False
+        self._assume(job, gang, plan, borrowed)
+        return True
+
+    def _place_away(self, job: QueuedJob, nodes: frozenset[str]) -> bool:
+        """Admit the job on nodes none of the heads it would delay can run on; False (and
+        nothing recorded) when it fits on none of them."""
+        plan = self._plan(job, avoiding(job.gang, nodes))
+        if isinstance(plan, str):
+            return False
+        self._assume(job, job.gang, plan, borrowed=False)
+        return True
+
+    def _plan(self, job: QueuedJob, gang: GangRequest) -> GangPlan | str:
+        """The gang's plan, or why it does not fit now."""
         waited = max(0.0, self.now - job.submitted_at)
         shape: ShapeKey = (
             gang.service_class,
@@ -281,30 +296,27 @@ class _Cycle:
         )
         known = self.failed_shapes.get(shape)
         if known is not None and gang.workers >= known[0]:
-            self._block(job, known[1] + holding_out(gang, waited), borrowed)
-            return False
+            return known[1] + holding_out(gang, waited)
         plan = plan_gang(self.cluster, gang, waited)
         if isinstance(plan, Unschedulable):
             # The shape's reason is shared; how long each job still holds out is its own.
             if known is None or gang.workers < known[0]:
                 self.failed_shapes[shape] = (gang.workers, plan.reason)
-            self._block(job, plan.reason + holding_out(gang, waited), borrowed)
-            return False
+            return plan.reason + holding_out(gang, waited)
+        return plan
+
+    def _assume(self, job: QueuedJob, gang: GangRequest, plan: GangPlan, borrowed: bool) -> None:
         apply_plan(self.cluster, gang, plan)
+        if gang.service_class is ServiceClass.GUARANTEED:
+            ends = self.now + self._estimate(job)
+            placed = gpus_by_node(plan)
+            self.held.assumed(job.queue, placed, ends, borrowed)
+            if not borrowed:
+                self.usage[job.queue] = self.usage.get(job.queue, 0) + job.gpus
+                hold_all(self.result.reservations, job.queue, placed, ends)
         if borrowed:
             self.book.borrowed[job.queue] = self.book.borrowed.get(job.queue, 0) + job.gpus
-        elif gang.service_class is ServiceClass.GUARANTEED:
-            self.usage[job.queue] = self.usage.get(job.queue, 0) + job.gpus
-            ends = self.now + self._estimate(job)
-            hold_all(self.result.reservations, job.queue, job.gpus, ends)
-            if self._free_gpus is not None:
-                self._free_gpus -= job.gpus
-            if self._ending is not None:
-                insort(self._ending, (ends, job.gpus))
-            if self._queue_ending is not None:
-                insort(self._queue_ending.setdefault(job.queue, []), (ends, job.gpus))
         self.result.admitted.append(Admission(job, plan, gang.service_class, borrowed))
-        return True
 
     def _block(self, job: QueuedJob, reason: str, borrowed: bool = False) -> None:
         self.result.pending.append(Pending(job, reason))
@@ -337,46 +349,6 @@ class _Cycle:
         ends = self.now + self._estimate(job)
         return backfill_refusal(self.result.reservations, job.queue, job.gpus, ends)
 
-    def _free_guaranteed_gpus(self) -> int:
-        if self._free_gpus is None:
-            self._free_gpus = sum(node.free_guaranteed for node in self.cluster.nodes.values())
-        return self._free_gpus
-
-    def _guaranteed_endings(self) -> list[tuple[float, int]]:
-        if self._ending is None:
-            self._build_endings()
-        assert self._ending is not None
-        return self._ending
-
-    def _queue_endings(self, queue: str) -> list[tuple[float, int]]:
-        if self._queue_ending is None:
-            self._build_endings()
-        assert self._queue_ending is not None
-        return self._queue_ending.get(queue, [])
-
-    def _build_endings(self) -> None:
-        """(expected end, GPUs) of every guaranteed job, and per queue of those on its own
-        quota, in one pass: jobs admitted earlier in this cycle hold GPUs too, and free them
-        by their estimate."""
-        ends: list[tuple[float, int]] = []
-        by_queue: dict[str, list[tuple[float, int]]] = {}
-        held = [
-            (job.queue, job.expected_end, job.gpus, job.borrowed)
-            for job in self.running
-            if job.service_class is ServiceClass.GUARANTEED
-        ] + [
-            (a.job.queue, self.now + self._estimate(a.job), a.job.gpus, a.borrowed)
-            for a in self.result.admitted
-            if a.service_class is ServiceClass.GUARANTEED
-        ]
-        for queue, expected, gpus, borrowed in held:
-            end = self.now + self.policy.default_runtime_seconds if expected is None else expected
-            ends.append((end, gpus))
-            if not borrowed:
-                by_queue.setdefault(queue, []).append((end, gpus))
-        self._ending = sorted(ends)
-        self._queue_ending = {q: sorted(mine) for q, mine in by_queue.items()}
-
     def _starving(self, job: QueuedJob) -> bool:
         bound = self.policy.starvation_seconds
         return bound is not None and self.now - job.submitted_at >= bound
@@ -384,19 +356,22 @@ class _Cycle:
     def _reserve(self, head: QueuedJob, quota_blocked: bool = False) -> None:
         """Reserve for a blocked head what it waits for, from the earliest time running jobs'
         expected ends free it: GPUs, and its queue's quota when that is what blocks it."""
-        free, endings = self._free_guaranteed_gpus(), self._guaranteed_endings()
+        # Only GPUs on nodes it can run on: others neither bring its start nearer nor are
+        # kept from jobs that can use them.
+        nodes = self.held.nodes_for(head.gang)
+        free, endings = self.held.free(nodes), self.held.endings(nodes)
         start = gpus_free_from(free, endings, head.gpus, self.now)
         if start is None:
             # Nothing that is running frees enough: a reservation would only stall everyone.
             return
-        reservation = Reservation(head.key, start, 0, head.gpus)
+        reservation = Reservation(head.key, start, 0, head.gpus, nodes=nodes)
         quota = self.policy.quota(head.queue)
         if quota_blocked and quota is not None:
             # Heads of the queue that reserved before it are served first: counted as if they
             # held their GPUs from now until they are expected to end.
             ahead = [r for r in self.result.reservations if r.queue == head.queue]
             used = self.usage.get(head.queue, 0) + sum(r.gpus for r in ahead)
-            mine = self._queue_endings(head.queue)
+            mine = self.held.queue_endings(head.queue)
             if ahead:
                 mine = sorted([*mine, *((r.until, r.gpus) for r in ahead)])
             quota_start = quota_free_from(used, quota, mine, head.gpus, self.now)

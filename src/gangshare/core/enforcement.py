@@ -8,8 +8,10 @@ The law (coordinator.py) decides per GPU. Here:
   rank alone, whatever its SDK says. Only where NVML has no per-process samples does the
   judgement fall back to the SDK's reports (advisory: a tenant can lie to its own SDK);
 - a pod whose GPU memory stays over its cap past a grace is removed (and requeued by the
-  operator), within a bounded grace of its own; guaranteed pods never get caps, so they are
-  never throttled or removed here.
+  operator), within a bounded grace of its own;
+- so is a pod held by stop/continue whose measured SM share stays over its duty: freezing a
+  pod stops its host processes, not the GPU work they queued or a kernel that runs for long.
+  Guaranteed pods never get caps, so they are never throttled or removed here.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class EnforcementParams:
     # The longest a removed pod may take to stop (its own grace, if shorter, holds); its
     # processes are killed by the agent if they still hold GPU memory this long after.
     removal_grace_seconds: float = 30.0
+    # A pod held by stop/continue for a full measure window that still measures over its duty
+    # for this long is removed: held at most window + this (+ one control period) in vain.
+    duty_overrun_seconds: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -185,3 +190,43 @@ def memory_overruns(
                 )
             )
     return still, evict
+
+
+def duty_overruns(
+    held: Mapping[str, float],
+    measured: Mapping[str, float],
+    held_since: Mapping[str, float],
+    over_since: Mapping[str, float],
+    now: float,
+    params: EnforcementParams,
+) -> tuple[dict[str, float], dict[str, float], list[Eviction]]:
+    """Pods the backstop holds (`held`: uid -> duty) that go on measuring over their duty.
+
+    A pod is judged once it has been held a whole measure window, so the window holds only
+    samples taken while held; then, over its duty (plus the slack) for `duty_overrun_seconds`,
+    it is removed. Returns when each held pod was first held, since when each is over, and
+    the removals. A pod with no NVML measure is never judged here (nothing it cannot forge).
+    """
+    since = {uid: held_since.get(uid, now) for uid in held}
+    still: dict[str, float] = {}
+    evict: list[Eviction] = []
+    for uid, duty in held.items():
+        share = measured.get(uid)
+        if share is None or now - since[uid] < params.measure_window_seconds:
+            continue
+        if share <= duty + params.busy_slack:
+            continue
+        still[uid] = over_since.get(uid, now)
+        over_for = now - still[uid]
+        if over_for >= params.duty_overrun_seconds:
+            evict.append(
+                Eviction(
+                    uid,
+                    "GpuDutyOverrun",
+                    f"NVML measured its processes busy {share:.0%} of the time while held to "
+                    f"a duty of {duty:.0%} by stop/continue, for {over_for:.0f}s (GPU work "
+                    "runs on while its processes are frozen); removed to give a guaranteed "
+                    "job its GPU, and requeued",
+                )
+            )
+    return since, still, evict

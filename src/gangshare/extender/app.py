@@ -206,6 +206,7 @@ class VerbsApp:
                 handed = cache.ledger.assumed_node(ask.owner)
                 if handed is not None:
                     # Filter chose and holds it there; scoring its own hold would count twice.
+                    cache.still_waiting(ask.owner)
                     return priority_json([(n, 10 if n == handed else 0) for n in names]), "ok"
                 if ask.gang:
                     return priority_json(prioritize_nodes(cache.cluster, ask, names)), "ok"
@@ -238,7 +239,8 @@ def hand_out(cache: ClusterCache, ask: PodAsk, best: list[str]) -> list[str]:
     the cache's lock held). kube-scheduler binds where filter says; until the watch brings
     the binding back, the next filter must already count these GPUs, or two pods filtered in
     that window both get the last free GPU beside an admitted gang's plan, and the gang is
-    displaced. An assumption that no binding confirms is forgotten after the TTL."""
+    displaced. The hold lasts until the bind ends, however long kube-scheduler's PreBind
+    takes (cache.py); a TTL without any sign of the pod is only the backstop."""
     held = first_holding(cache.cluster, ask, best)
     if held is None:
         return []

@@ -3,8 +3,10 @@
 Like kube-scheduler's cache, plus the one GPU ledger the operator also builds
 (gangshare.kube.ledger): nodes, GPU pods, and admitted TrainingJobs, so a gang's
 plan is held here from the moment the operator commits it, before its pods
-exist. Binds in flight are *assumed*: held until the pod's own bound update
-arrives, the bind fails (forget), or a TTL passes.
+exist. What filter hands a pod is *assumed*: held, like kube-scheduler's assumed
+pods, until its bind ends: its bound update arrives, it is deleted (or being deleted,
+or finished), it is filtered again, or its bind fails (forget). A TTL counted from the
+pod's last sign of still waiting is only a backstop.
 """
 
 from __future__ import annotations
@@ -21,10 +23,17 @@ from gangshare.core.node import NodeState
 from gangshare.extender.verdicts import Verdicts
 from gangshare.kube.claims import WorkerIdentity, gpu_request, job_key, pod_owner, worker_identity
 from gangshare.kube.ledger import Ledger
+from gangshare.kube.scheduling import TERMINAL_POD_PHASES
 from gangshare.kube.snapshot import decode_api_node
 
 log = logging.getLogger("gangshare.extender")
-DEFAULT_ASSUME_TTL = 30.0
+# The backstop must outlast any binding cycle that sends us no sign: kube-scheduler's
+# VolumeBinding PreBind waits up to bindTimeoutSeconds (600 s by default) for a volume to be
+# provisioned, and nothing about the pod changes meanwhile. A hold forgotten before that ends
+# lets a second pod be handed the same GPUs, and both bind (issue #36). Longer costs little:
+# kube-scheduler filters a pod it has not bound again within minutes (it retries unschedulable
+# pods at least every 5), and that filter releases or re-assumes the hold.
+DEFAULT_ASSUME_TTL = 660.0
 WATCHES = ("nodes", "pods", "trainingjobs")
 
 
@@ -136,6 +145,7 @@ class ClusterCache:
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         gpu_pods = [p for p in pods if gpu_request(p) is not None]
         with self.lock:
+            shown = set(self._gpu_pods)
             self._gpu_pods = {_owner(p): p for p in gpu_pods}
             self._gangs.clear()
             self._gang_of.clear()
@@ -143,6 +153,7 @@ class ClusterCache:
                 self._index_worker(owner, pod)
             for warning in self.ledger.replace_pods(gpu_pods):
                 log.warning(warning)
+            self._follow_relisted_holds(shown)
             self._expire_gone()
             self._log_problems()
             self.synced["pods"].set()
@@ -157,8 +168,7 @@ class ClusterCache:
             warning = self.ledger.set_pod(pod)
             if warning:
                 log.warning(warning)
-            if not self.ledger.is_assumed(owner):
-                self._expiry.pop(owner, None)
+            self._follow_hold(owner, pod)
             self._log_problems()
 
     def delete_pod(self, namespace: str, name: str) -> None:
@@ -227,20 +237,56 @@ class ClusterCache:
         self.ledger.assume(owner, node, indices, request)
         self._expiry[owner] = self.clock.now() + self.assume_ttl
 
+    def still_waiting(self, owner: str) -> None:
+        """A sign that the pod's bind is still in flight: its hold's backstop starts over."""
+        with self.lock:
+            if owner in self._expiry:
+                self._expiry[owner] = self.clock.now() + self.assume_ttl
+
     def forget(self, owner: str) -> None:
         with self.lock:
             self._expiry.pop(owner, None)
             self.ledger.forget(owner)
 
     def expire_assumptions(self) -> int:
-        now = self.clock.now()
+        """The backstop: forget holds whose pods showed no sign for a whole TTL."""
         with self.lock:
+            # Under one lock with the forgetting: a filter between the two would re-assume
+            # the pod, and its fresh hold would be forgotten.
+            now = self.clock.now()
             stale = [owner for owner, until in self._expiry.items() if until <= now]
-        for owner in stale:
-            self.forget(owner)
+            for owner in stale:
+                log.warning(
+                    "%s: no sign of its bind for %.0f s; its GPUs are no longer held",
+                    owner,
+                    self.assume_ttl,
+                )
+                self.forget(owner)
         return len(stale)
 
     # ----- internals ------------------------------------------------------------------
+
+    def _follow_hold(self, owner: str, pod: dict[str, Any]) -> None:
+        """A watched pod ends its hold once no bind of it can be in flight, else shows that
+        it is still waiting (a stale event too: the pod was no less unbound then)."""
+        if not self.ledger.is_assumed(owner):
+            self._expiry.pop(owner, None)
+        elif _bind_over(pod):
+            self.forget(owner)
+        else:
+            self.still_waiting(owner)
+
+    def _follow_relisted_holds(self, shown: set[str]) -> None:
+        """After a relist, a held pod the watch had shown and the list lacks was deleted while
+        the watch was down. One never shown may be younger than the list's snapshot
+        (kube-scheduler filtered it before its creation reached us): only the backstop ends
+        that hold, unless the watch shows the pod later."""
+        for owner in self.ledger.assumed_owners():
+            pod = self._gpu_pods.get(owner)
+            if pod is not None:
+                self._follow_hold(owner, pod)
+            elif owner in shown:
+                self.forget(owner)
 
     def _expire_gone(self) -> None:
         for owner in list(self._expiry):
@@ -266,6 +312,17 @@ class ClusterCache:
 def _owner(pod: dict[str, Any]) -> str:
     meta = pod["metadata"]
     return pod_owner(meta.get("namespace", "default"), meta["name"])
+
+
+def _bind_over(pod: dict[str, Any]) -> bool:
+    """No bind of this pod is in flight: it is bound, finished, or being deleted (the API
+    server refuses to bind a pod being deleted)."""
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    return bool(
+        spec.get("nodeName")
+        or meta.get("deletionTimestamp")
+        or status.get("phase") in TERMINAL_POD_PHASES
+    )
 
 
 def _topology(node: dict[str, Any]) -> str:

@@ -56,8 +56,14 @@ def add_extender_command(commands: Any) -> None:
     ext.add_argument(
         "--assume-ttl",
         type=float,
-        default=30.0,
-        help="seconds a bind in flight holds its GPUs before the cache forgets it",
+        default=660.0,
+        help=(
+            "backstop, in seconds: what filter hands a pod is held until its bind ends (the "
+            "binding seen, the pod deleted or filtered again, the bind failed), or after this "
+            "long without any sign that the pod still waits (a verb naming it, a watched update "
+            "showing it unbound). Default 660: longer than kube-scheduler's VolumeBinding "
+            "bindTimeoutSeconds (600), for which PreBind may wait on a volume with no sign"
+        ),
     )
     ext.add_argument(
         "--record",

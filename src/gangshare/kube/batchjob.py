@@ -11,21 +11,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gangshare.kube.ownership import controlled_by
 from gangshare.kube.queued import (
     COMPLETION_INDEX_LABEL,
     QueuedJobSpec,
     WorkloadKind,
-    controlled_by,
-    finished_by_conditions,
     gang_pod_gpus,
+    queue_ask,
+    workload_name,
+)
+from gangshare.kube.queued_writes import (
+    finished_by_conditions,
     gated_template,
     label_int,
-    queue_ask,
     resume_body,
     suspended,
     suspended_condition,
     template_gated,
-    workload_name,
 )
 from gangshare.kube.trainingjob import InvalidSpec
 
@@ -105,8 +107,15 @@ def pod_rank(pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> in
     return label_int(pod, COMPLETION_INDEX_LABEL)
 
 
+def pod_templates(job: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [("spec.template", _template(job))]
+
+
 def owns(pod: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
-    return controlled_by(pod, str((job.get("metadata") or {}).get("uid", "")))
+    """The Job controller made the pod for this Job: its controller reference names the Job
+    whole (kind, apiVersion, name, uid), and only the Job controller may write one on a pod
+    gangshare reads (crds/pod-owner-policy.yaml), so another tenant's pod cannot claim it."""
+    return controlled_by(pod, job, "batch/v1", "Job")
 
 
 JOB = WorkloadKind(
@@ -124,4 +133,5 @@ JOB = WorkloadKind(
     resume_patch=resume_patch,
     pod_rank=pod_rank,
     owns=owns,
+    pod_templates=pod_templates,
 )

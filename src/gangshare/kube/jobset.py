@@ -14,21 +14,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from gangshare.core.annotations import ATTEMPT_LABEL
+from gangshare.kube.ownership import controller_ref, refers_to
 from gangshare.kube.queued import (
     COMPLETION_INDEX_LABEL,
     QueuedJobSpec,
     WorkloadKind,
-    finished_by_conditions,
     gang_pod_gpus,
+    queue_ask,
+    scheduling_template,
+    workload_name,
+)
+from gangshare.kube.queued_writes import (
+    finished_by_conditions,
     gated_template,
     label_int,
-    queue_ask,
     resume_body,
-    scheduling_template,
     suspended,
     suspended_condition,
     template_gated,
-    workload_name,
 )
 from gangshare.kube.trainingjob import InvalidSpec
 
@@ -192,16 +195,45 @@ def pod_rank(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> int | None:
     return None
 
 
-def owns(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> bool:
-    """A pod of one of the JobSet's child Jobs: made by a Job, labelled with the JobSet's uid
-    by JobSet's controller (the child Job's template carries it)."""
-    meta = pod.get("metadata") or {}
-    uid = (jobset.get("metadata") or {}).get("uid")
-    by_a_job = any(
-        r.get("controller") and r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1"
-        for r in meta.get("ownerReferences") or []
+def pod_templates(jobset: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [
+        (f"spec.replicatedJobs[{i}].template.spec.template", _pod_template(r))
+        for i, r in enumerate(_replicated(jobset))
+    ]
+
+
+def child_job_name(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> str | None:
+    """The name JobSet's controller gives the child Job the pod's labels place it in,
+    `<jobset>-<replicated job>-<index>`; None when the JobSet has no such child."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    index = label_int(pod, JOB_INDEX_LABEL)
+    item = next(
+        (r for r in _replicated(jobset) if r.get("name") == labels.get(REPLICATED_JOB_LABEL)), None
     )
-    return by_a_job and bool(uid) and (meta.get("labels") or {}).get(JOBSET_UID_LABEL) == uid
+    if item is None or index is None:
+        return None
+    replicas = item.get("replicas", 1)
+    if not isinstance(replicas, int) or index >= replicas:
+        return None
+    return f"{(jobset.get('metadata') or {}).get('name')}-{item['name']}-{index}"
+
+
+def owns(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> bool:
+    """A pod of one of the JobSet's child Jobs: its controller is the batch/v1 Job of the
+    child's name, and it carries the JobSet's uid label. Only the controllers write either on a
+    pod gangshare reads: the Job reference and the uid label the Job controller alone
+    (crds/pod-owner-policy.yaml), copying the label from its Job's template, which JobSet's
+    controller alone labels (crds/job-owner-policy.yaml). So neither a tenant's pod naming a
+    child Job nor a tenant's own Job made under a deleted child's name is the JobSet's."""
+    uid = (jobset.get("metadata") or {}).get("uid")
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    child = child_job_name(pod, jobset)
+    return (
+        child is not None
+        and refers_to(controller_ref(pod), "batch/v1", "Job", child)
+        and bool(uid)
+        and labels.get(JOBSET_UID_LABEL) == uid
+    )
 
 
 JOBSET = WorkloadKind(
@@ -219,4 +251,5 @@ JOBSET = WorkloadKind(
     resume_patch=resume_patch,
     pod_rank=pod_rank,
     owns=owns,
+    pod_templates=pod_templates,
 )

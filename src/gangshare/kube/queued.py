@@ -6,8 +6,8 @@ spec.jobRef names it), so the one policy, ledger and extender decide for it as f
 TrainingJob, while the object's own controller makes the pods. On admission the object is
 unsuspended (each kind's `resume_patch`; before its first run its pod templates get the gang
 gate and the job label too); each gated pod then gets its rank's planned node and GPUs, its
-attempt and its rank (`ungate_patch`) and its gate lifted. On reclaim the object is suspended
-again (its controller deletes the pods) and the TrainingJob requeued.
+attempt and its rank, and its gate lifted (kube/queued_writes.py). On reclaim the object is
+suspended again (its controller deletes the pods) and the TrainingJob requeued.
 
 Kubernetes 1.35 lets a suspended Job's template change only before its first run, and then only
 in labels, annotations, scheduling gates, node affinity and tolerations: the GPU resource stays
@@ -26,20 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gangshare.core.annotations import (
-    ATTEMPT_LABEL,
-    CLASS_LABEL,
     GPU_RESOURCE,
     JOB_LABEL,
-    POD_GPU_MEMORY,
-    POD_PLANNED_GPUS,
-    POD_PLANNED_NODE,
-    RANK_LABEL,
     SHARE_RESOURCE,
-    encode_gpu_indices,
     is_reserved_key,
 )
 from gangshare.core.job import ServiceClass
-from gangshare.kube.scheduling import GANG_GATE, GPU_RESOURCES, container_gpus, pin_to_node
+from gangshare.kube.scheduling import GPU_RESOURCES, container_gpus
 from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, InvalidSpec
 
 QUEUE_LABEL = f"{GROUP}/queue"
@@ -63,6 +56,31 @@ def is_queued(obj: Mapping[str, Any]) -> bool:
     """Whether gangshare queues this object: it carries the queue label."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return QUEUE_LABEL in labels
+
+
+def scheduler_refusal(kind: WorkloadKind, obj: Mapping[str, Any], scheduler: str) -> str | None:
+    """Why the object's pods may not be queued as they are: a template that another scheduler
+    places. The operator pins each pod to its planned node, and a profile with preemption (the
+    default one's) would evict other tenants' pods one by one for a pinned pod whose node is
+    briefly full; gangshare's profile never preempts (reclaim is the operator's, gang-aware)."""
+    for path, template in kind.pod_templates(obj):
+        named = (template.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        if named != scheduler:
+            return (
+                f"{path}.spec.schedulerName: a {kind.kind} queued by gangshare is placed by "
+                f"{scheduler}, which never preempts other tenants' pods; set schedulerName: "
+                f"{scheduler} (it names {named})"
+            )
+    return None
+
+
+def was_queued(obj: Mapping[str, Any]) -> bool:
+    """An object without the queue label that gangshare queued before (it wrote its status or
+    attempt there): it left its queue, and its TrainingJob must let go of what it holds."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return not is_queued(obj) and (
+        STATUS_ANNOTATION in annotations or ATTEMPT_ANNOTATION in annotations
+    )
 
 
 def workload_name(name: str, prefix: str) -> str:
@@ -284,131 +302,14 @@ def scheduling_template(template: Mapping[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {"containers": [slim(c) for c in pod.get("containers") or []]}
     if pod.get("initContainers"):
         kept["initContainers"] = [slim(c) for c in pod["initContainers"]]
-    for key in ("nodeSelector", "tolerations", "priorityClassName", "overhead"):
+    # spec.resources: a pod-level request stands in for the containers' (GPUs are refused there).
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "overhead", "resources"):
         if pod.get(key):
             kept[key] = copy.deepcopy(pod[key])
     node_affinity = (pod.get("affinity") or {}).get("nodeAffinity")
     if node_affinity:
         kept["affinity"] = {"nodeAffinity": copy.deepcopy(node_affinity)}
     return {"spec": kept}
-
-
-# ----- writes and reads every kind shares ----------------------------------------------------
-
-
-def suspended(obj: Mapping[str, Any]) -> bool:
-    return bool((obj.get("spec") or {}).get("suspend"))
-
-
-def suspended_condition(obj: Mapping[str, Any]) -> bool:
-    """Its controller says it is suspended (a Suspended condition that is True)."""
-    return any(
-        c.get("type") == "Suspended" and c.get("status") == "True"
-        for c in (obj.get("status") or {}).get("conditions") or []
-    )
-
-
-def finished_by_conditions(
-    obj: Mapping[str, Any], complete: str, noun: str
-) -> tuple[str, str] | None:
-    """("Succeeded" | "Failed", why) once the object's controller sets its `complete` or its
-    Failed condition (a Job's is Complete, a JobSet's Completed)."""
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("status") != "True":
-            continue
-        if cond.get("type") == complete:
-            return "Succeeded", f"the {noun} completed"
-        if cond.get("type") == "Failed":
-            why = cond.get("message") or cond.get("reason") or f"the {noun} failed"
-            return "Failed", f"the {noun} failed: {why}"
-    return None
-
-
-def resumed_attempt(obj: Mapping[str, Any]) -> int | None:
-    """The attempt the object was last resumed for (None: never)."""
-    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION)
-    return int(raw) if isinstance(raw, str) and raw.isdigit() else None
-
-
-def template_gated(template: Mapping[str, Any], workload_job: str) -> bool:
-    """Whether pods made from `template` will be gated and labelled as `workload_job`'s."""
-    labels = (template.get("metadata") or {}).get("labels") or {}
-    gates = (template.get("spec") or {}).get("schedulingGates") or []
-    return labels.get(JOB_LABEL) == workload_job and any(g.get("name") == GANG_GATE for g in gates)
-
-
-def gated_template(template: Mapping[str, Any], workload_job: str) -> dict[str, Any]:
-    """The merge patch that makes `template` gated and labelled as `workload_job`'s."""
-    gates = [
-        g
-        for g in (template.get("spec") or {}).get("schedulingGates") or []
-        if g.get("name") != GANG_GATE
-    ]
-    return {
-        "metadata": {"labels": {JOB_LABEL: workload_job}},
-        "spec": {"schedulingGates": [*gates, {"name": GANG_GATE}]},
-    }
-
-
-def suspend_patch() -> dict[str, Any]:
-    return {"spec": {"suspend": True}}
-
-
-def resume_body(attempt: int) -> dict[str, Any]:
-    """Unsuspend for `attempt` (each kind adds its templates before the first run)."""
-    return {
-        "metadata": {"annotations": {ATTEMPT_ANNOTATION: str(attempt)}},
-        "spec": {"suspend": False},
-    }
-
-
-def status_annotation_patch(message: str) -> dict[str, Any]:
-    return {"metadata": {"annotations": {STATUS_ANNOTATION: message}}}
-
-
-def label_int(pod: Mapping[str, Any], key: str) -> int | None:
-    raw = ((pod.get("metadata") or {}).get("labels") or {}).get(key)
-    return int(raw) if isinstance(raw, str) and raw.isdigit() else None
-
-
-def controlled_by(pod: Mapping[str, Any], uid: str) -> bool:
-    return any(
-        r.get("controller") and r.get("uid") == uid
-        for r in (pod.get("metadata") or {}).get("ownerReferences") or []
-    )
-
-
-def ungate_patch(
-    pod: Mapping[str, Any],
-    rank: int,
-    attempt: int,
-    placed: tuple[str, list[int]],
-    service_class: ServiceClass,
-    memory_mib: int | None,
-) -> dict[str, Any]:
-    """A gated pod made its rank's worker for `attempt`: planned node and GPUs recorded, pinned
-    to the node (a gated pod's affinity may still be narrowed), the gang gate lifted. One
-    write."""
-    node, gpus = placed
-    spec = pod.get("spec") or {}
-    annotations = {POD_PLANNED_NODE: node, POD_PLANNED_GPUS: encode_gpu_indices(gpus)}
-    if memory_mib is not None:
-        annotations[POD_GPU_MEMORY] = str(memory_mib)
-    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != GANG_GATE]
-    return {
-        "metadata": {
-            "labels": {
-                RANK_LABEL: str(rank),
-                ATTEMPT_LABEL: str(attempt),
-                CLASS_LABEL: service_class.value,
-            },
-            "annotations": annotations,
-        },
-        "spec": {
-            "affinity": pin_to_node(spec.get("affinity"), node),
-            "schedulingGates": gates or None,
-        },
-    }
 
 
 @dataclass(frozen=True)
@@ -437,6 +338,8 @@ class WorkloadKind:
     pod_rank: Callable[[Mapping[str, Any], Mapping[str, Any]], int | None]
     # Whether the pod is the object's own (its controllers', not its labels' say-so).
     owns: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    # Its pod templates, each with the path to it in the object (for a reason's field).
+    pod_templates: Callable[[Mapping[str, Any]], list[tuple[str, Mapping[str, Any]]]]
 
     def workload_name(self, name: str) -> str:
         return workload_name(name, self.prefix)

@@ -2,7 +2,8 @@
 
 A pod's constraints: nodeSelector, required node affinity, tolerations, and its
 effective requests (containers summed with sidecars, or the largest init
-container, plus overhead), as kube-scheduler's NodeResourcesFit computes them.
+container; a pod-level request in spec.resources in their stead; plus overhead),
+as kube-scheduler's NodeResourcesFit computes them.
 A node's side: its taints, and what its allocatable leaves once every live pod
 bound to it has taken its requests. GPUs are the core's own model, so the GPU
 resources are left out of both; `gpu_devices` counts them apart, by the same rule
@@ -92,10 +93,38 @@ def effective_amounts(
     return total
 
 
+def _pod_level_resource(name: str) -> bool:
+    """Whether Kubernetes reads this resource from spec.resources (component-helpers
+    IsSupportedPodLevelResource); the API server refuses any other name there, GPUs included."""
+    return name in ("cpu", "memory") or name.startswith("hugepages-")
+
+
+def _pod_level_amounts(raw: Mapping[str, Any] | None) -> dict[str, int]:
+    return {name: n for name, n in _amounts(raw).items() if _pod_level_resource(name)}
+
+
+def _pod_level_requests(spec: Mapping[str, Any], containers: Mapping[str, int]) -> dict[str, int]:
+    """What spec.resources (PodLevelResources, on by default since 1.34) asks of each resource
+    it names, given what the containers add up to. A pod-level limit without a request is
+    defaulted as the API server does (core/v1 defaults.go defaultPodRequests): to the
+    containers' aggregate for cpu or memory they ask for, else to the limit. Templates in our
+    own and other custom objects are never defaulted, so this does it for them too."""
+    resources = spec.get("resources") or {}
+    requests = _pod_level_amounts(resources.get("requests"))
+    for name, limit in _pod_level_amounts(resources.get("limits")).items():
+        overcommittable = not name.startswith("hugepages-")
+        if name not in requests and not (overcommittable and name in containers):
+            requests[name] = limit
+    return requests
+
+
 def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Effective requests of a pod (non-GPU), plus one of the node's pod slots."""
+    """Effective requests of a pod (non-GPU), plus one of the node's pod slots: component-helpers
+    resource.PodRequests, which NodeResourcesFit and the kubelet's admission both use."""
     total = effective_amounts(spec, _container_requests)
-    _add(total, _amounts(spec.get("overhead")))
+    # A pod-level request replaces the containers' aggregate for that resource only.
+    total.update(_pod_level_requests(spec, total))
+    _add(total, _amounts(spec.get("overhead")))  # overhead on top, pod level or not
     total["pods"] = 1
     return {name: amount for name, amount in total.items() if amount > 0}
 

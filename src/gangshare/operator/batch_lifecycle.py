@@ -13,21 +13,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
+from gangshare.core.annotations import RANK_LABEL
 from gangshare.core.job import ServiceClass
 from gangshare.kube.claims import admitted_class
-from gangshare.kube.queued import (
-    STATUS_ANNOTATION,
-    WorkloadKind,
-    resumed_attempt,
-    suspend_patch,
-    suspended,
-    ungate_patch,
-)
+from gangshare.kube.queued import STATUS_ANNOTATION, WorkloadKind, is_queued
 from gangshare.kube.queued_kinds import kind_of
+from gangshare.kube.queued_shape import shape_change
+from gangshare.kube.queued_writes import resumed_attempt, suspend_patch, suspended, ungate_patch
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Displacement, Event, Observation
+from gangshare.operator.batch_pods import (
+    by_rank,
+    created,
+    current_pods,
+    labels,
+    of_attempt,
+)
+from gangshare.operator.batch_pods import phase as pod_phase
 from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.lifecycle import (
     Limits,
@@ -44,7 +47,7 @@ from gangshare.operator.requeue import (
     requeue_preempted,
     start_timeout_delay,
 )
-from gangshare.operator.starting import gated
+from gangshare.operator.starting import gated, release_broken
 
 HOLDING = ("Admitted", "Running")
 TERMINAL = ("Succeeded", "Failed")
@@ -64,6 +67,8 @@ class BatchActions:
     ungate: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (pod, patch)
     note: str | None = None  # the Job's gangshare.io/status annotation, when it must change
     requeue_after: float | None = None
+    # The Job left its queue (its label removed): its TrainingJob goes, and what it held.
+    delete_workload: bool = False
 
     @property
     def empty(self) -> bool:
@@ -74,6 +79,7 @@ class BatchActions:
             or self.job_patch
             or self.ungate
             or self.note is not None
+            or self.delete_workload
         )
 
     def take(self, actions: Actions) -> None:
@@ -104,6 +110,10 @@ def detect_batch_actions(
         return actions  # the garbage collector removes the TrainingJob with its Job
     status = workload.get("status") or {}
     phase = status.get("phase")
+    if not is_queued(job):
+        if phase not in TERMINAL:
+            _leave_queue(kind, actions)
+        return actions
     gen = int((workload.get("metadata") or {}).get("generation", 0))
     try:
         spec = parse_trainingjob(workload)
@@ -112,10 +122,13 @@ def detect_batch_actions(
             actions.take(fail_invalid(status, str(err), seen.now, gen))
     else:
         finished = kind.finished(job)
+        changed = None if phase in TERMINAL else shape_change(kind, job, workload)
         if phase in TERMINAL:
             pass
         elif finished is not None:
             _finish(status, finished, seen.now, gen, actions)
+        elif changed is not None:
+            actions.take(fail_invalid(status, changed, seen.now, gen))
         elif phase is None:
             actions.take(enqueue(spec, status, seen.now, gen, first=True))
         elif phase == "Queued" and spec.moved_since_queued(status):
@@ -136,6 +149,21 @@ def detect_batch_actions(
     if message and annotations.get(STATUS_ANNOTATION) != f"{after}: {message}":
         actions.note = f"{after}: {message}"
     return actions
+
+
+def _leave_queue(kind: WorkloadKind, actions: BatchActions) -> None:
+    """A queued object whose queue label was removed is gangshare's no more: its TrainingJob
+    is deleted at once, so nothing it was promised or holds stays held for it. The object is
+    left as it is (the admission policy lets the label go only while it is suspended)."""
+    actions.delete_workload = True
+    actions.job_events.append(
+        Event(
+            "Normal",
+            "LeftQueue",
+            f"the {kind.kind} left its gangshare queue (its gangshare.io/queue label was "
+            "removed): its TrainingJob is deleted, releasing its place and any GPUs it held",
+        )
+    )
 
 
 def _finish(
@@ -170,7 +198,7 @@ def _advance(
 ) -> None:
     job = seen.job or {}
     attempt = int(status.get("attempt", 0))
-    if _released(seen, status, gen, limits, backoff_base_seconds, actions):
+    if _released(kind, spec, seen, status, gen, limits, backoff_base_seconds, actions):
         return
     decided = admitted_class(seen.workload)
     name = str(seen.workload["metadata"]["name"])
@@ -187,7 +215,7 @@ def _advance(
             )
         # else: its controller is still suspending it; the Job's status event wakes us.
         return
-    live = _current_pods(kind, seen.pods, job, attempt)
+    live = current_pods(kind, seen.pods, job, attempt)
     placement = {
         int(w["rank"]): (str(w["node"]), [int(g) for g in w.get("gpus") or []])
         for w in status.get("placement") or []
@@ -212,7 +240,7 @@ def _advance(
         if (p.get("spec") or {}).get("nodeName")
         and (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
     ]
-    done = [p for p in _of_attempt(kind, seen.pods, job, attempt) if _phase(p) == "Succeeded"]
+    done = [p for p in of_attempt(kind, seen.pods, job, attempt) if pod_phase(p) == "Succeeded"]
     if status.get("phase") == "Admitted" and len(started) + len(done) >= spec.workers:
         running = Actions()
         message = f"all {spec.workers} pods of the {kind.kind} running"
@@ -221,6 +249,8 @@ def _advance(
 
 
 def _released(
+    kind: WorkloadKind,
+    spec: TrainingJobSpec,
     seen: BatchObservation,
     status: dict[str, Any],
     gen: int,
@@ -228,33 +258,36 @@ def _released(
     backoff_base_seconds: float,
     actions: BatchActions,
 ) -> bool:
-    """Reclaimed, off its islands, displaced before it started, or not started in time: the
-    TrainingJob goes back to Queued (place and retries kept) and the Job is suspended."""
+    """Reclaimed, off its islands, broken (its plan, or a pod kube-scheduler refuses beside
+    bound ones: before it starts, or when its controller replaces a pod later) or not started
+    in time: the TrainingJob goes back to Queued (place and retries kept), the Job is
+    suspended. The broken-gang rules are the ones TrainingJobs have (`release_broken`)."""
     observed = Observation(seen.workload, [], True, seen.now, seen.displaced)
     shared = Actions()
-    displaced = observed.displaced_now(status)
     released = requeue_preempted(status, {}, observed, gen, shared) or requeue_off_island(
         status, {}, observed, gen, shared, backoff_base_seconds
     )
-    if not released and status.get("phase") == "Admitted":
-        if displaced is not None:
-            why = f"{displaced.reason}; requeued, keeping its place in the queue"
-            release_gang(status, {}, Release("GangDisplaced", why), seen.now, gen, shared)
+    if not released:
+        job = seen.job or {}
+        current = by_rank(kind, seen.pods, job, int(status.get("attempt", 0)))
+        running = status.get("phase") == "Running"
+        release, later = release_broken(
+            status,
+            current,
+            spec.workers,
+            observed,
+            limits.unschedulable_seconds,
+            backoff_base_seconds,
+            running=running,
+        )
+        if release is None and not running:
+            release, deadline = _start_deadline(status, seen.now, limits, backoff_base_seconds)
+            later = deadline if later is None or deadline is None else min(later, deadline)
+        if later is not None:
+            _wake(actions, later)
+        if release is not None:
+            release_gang(status, {}, release, seen.now, gen, shared)
             released = True
-        else:
-            admitted = parse_time(status.get("admittedAt")) or seen.now
-            left = admitted + limits.start_timeout_seconds - seen.now
-            if left <= 0:
-                delay = start_timeout_delay(status, backoff_base_seconds)
-                why = (
-                    f"the Job's pods were not all running within "
-                    f"{limits.start_timeout_seconds:.0f}s of admission; requeued in {delay:.0f}s"
-                )
-                timeout = Release("GangStartTimeout", why, delay, timed_out=True)
-                release_gang(status, {}, timeout, seen.now, gen, shared)
-                released = True
-            else:
-                _wake(actions, left)
     if not released:
         return False
     actions.take(shared)
@@ -264,6 +297,21 @@ def _released(
     message = str(shared.status.get("message", ""))
     actions.job_events.append(Event("Warning", "Suspended", f"suspended by gangshare: {message}"))
     return True
+
+
+def _start_deadline(
+    status: dict[str, Any], now: float, limits: Limits, backoff_base_seconds: float
+) -> tuple[Release | None, float | None]:
+    admitted = parse_time(status.get("admittedAt")) or now
+    left = admitted + limits.start_timeout_seconds - now
+    if left > 0:
+        return None, left
+    delay = start_timeout_delay(status, backoff_base_seconds)
+    why = (
+        f"the Job's pods were not all running within "
+        f"{limits.start_timeout_seconds:.0f}s of admission; requeued in {delay:.0f}s"
+    )
+    return Release("GangStartTimeout", why, delay, timed_out=True), None
 
 
 def _ungates(
@@ -278,13 +326,13 @@ def _ungates(
     made its rank's worker; a pod without one takes the lowest rank no live pod holds, so a
     replacement takes its predecessor's place."""
     held = {
-        int(str(_labels(p).get(RANK_LABEL)))
+        int(str(labels(p).get(RANK_LABEL)))
         for p, _ in live
-        if not gated(p) and str(_labels(p).get(RANK_LABEL, "")).isdigit()
+        if not gated(p) and str(labels(p).get(RANK_LABEL, "")).isdigit()
     }
     free = [r for r in range(workers) if r not in held and r in placement]
     out = []
-    for pod, rank in sorted(((p, r) for p, r in live if gated(p)), key=lambda pr: _created(pr[0])):
+    for pod, rank in sorted(((p, r) for p, r in live if gated(p)), key=lambda pr: created(pr[0])):
         if rank is None or rank in held or rank not in placement:
             rank = next((r for r in free if r not in held), None)
         if rank is None:
@@ -296,47 +344,6 @@ def _ungates(
 
 
 # ----- helpers ----------------------------------------------------------------------------------
-
-
-def _labels(pod: dict[str, Any]) -> dict[str, Any]:
-    return (pod.get("metadata") or {}).get("labels") or {}
-
-
-def _phase(pod: dict[str, Any]) -> str | None:
-    return (pod.get("status") or {}).get("phase")
-
-
-def _created(pod: dict[str, Any]) -> tuple[str, str]:
-    meta = pod.get("metadata") or {}
-    return str(meta.get("creationTimestamp", "")), str(meta.get("name", ""))
-
-
-def _of_attempt(
-    kind: WorkloadKind, pods: list[dict[str, Any]], obj: dict[str, Any], attempt: int
-) -> list[Any]:
-    """The object's own pods (its controllers': labels alone prove nothing) of this attempt:
-    those given it, and those still gated without one. The object is resumed only once its
-    controller has no pod of the last run active, so a gated pod is always of the running
-    attempt."""
-    return [
-        p
-        for p in pods
-        if (
-            _labels(p).get(ATTEMPT_LABEL) == str(attempt)
-            or (gated(p) and ATTEMPT_LABEL not in _labels(p))
-        )
-        and kind.owns(p, obj)
-    ]
-
-
-def _current_pods(
-    kind: WorkloadKind, pods: list[dict[str, Any]], obj: dict[str, Any], attempt: int
-) -> list[Any]:
-    return [
-        p
-        for p in _of_attempt(kind, pods, obj, attempt)
-        if _phase(p) not in TERMINAL and not (p.get("metadata") or {}).get("deletionTimestamp")
-    ]
 
 
 def _wake(actions: BatchActions, seconds: float) -> None:

@@ -18,12 +18,16 @@ from gangshare.kube.queued import (
     STATUS_ANNOTATION,
     WorkloadKind,
     is_queued,
-    status_annotation_patch,
-    suspend_patch,
-    suspended,
+    scheduler_refusal,
     workload,
 )
 from gangshare.kube.queued_kinds import kind_of
+from gangshare.kube.queued_writes import (
+    at_version,
+    status_annotation_patch,
+    suspend_patch,
+    suspended,
+)
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
 from gangshare.operator.batch_lifecycle import (
@@ -51,9 +55,11 @@ class BatchReconciler:
         clock: Clock,
         limits: Limits | None = None,
         backoff_base_seconds: float = 10.0,
+        scheduler_name: str = "gangshare-scheduler",
     ) -> None:
         self.api = api
         self.batch = batch
+        self.scheduler_name = scheduler_name
         self.clock = clock
         self.limits = limits or Limits()
         self.backoff_base_seconds = backoff_base_seconds
@@ -104,8 +110,13 @@ class BatchReconciler:
         if job is None:
             return
         job_name = job["metadata"]["name"]
+        if actions.delete_workload:
+            self.api.delete_job(namespace, workload["metadata"]["name"])
         if actions.job_patch is not None:
-            self.batch.patch(kind, namespace, job_name, actions.job_patch)
+            # Conditional on the version decided from: a write delayed past a takeover (a
+            # deposed leader's resume) cannot undo what the new leader wrote since (#36).
+            patch = at_version(actions.job_patch, job)
+            self.batch.patch(kind, namespace, job_name, patch)
         failed = []
         for pod, patch in actions.ungate:
             try:
@@ -158,6 +169,10 @@ class BatchReconciler:
         name = str(wanted["metadata"]["name"])
         existing = self.api.get_job(namespace, name)
         if existing is None:
+            refusal = scheduler_refusal(kind, job, self.scheduler_name)
+            if refusal is not None:
+                self._refuse(kind, job, refusal)
+                return None
             if not suspended(job) and kind.finished(job) is None:
                 # Only reachable without the admission policy: stop it before it runs on.
                 self.batch.patch(kind, namespace, meta["name"], suspend_patch())

@@ -14,7 +14,13 @@ from kubernetes.client.exceptions import ApiException
 from gangshare.kube.client import post_event
 from gangshare.kube.queued import WorkloadKind
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
-from gangshare.operator.kubeapi import REPORTING_CONTROLLER, Invalid, KubeApi, api_message
+from gangshare.operator.kubeapi import (
+    REPORTING_CONTROLLER,
+    Conflict,
+    Invalid,
+    KubeApi,
+    api_message,
+)
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -35,7 +41,8 @@ class BatchApi:
         return cast(dict[str, Any], found)
 
     def _write(self, what: str, call: Callable[[], Any]) -> Any:
-        """A fenced write; None when its object is gone, Invalid when refused for good."""
+        """A fenced write; None when its object is gone, Invalid when refused for good,
+        Conflict when it was conditional on a version someone has written over since."""
         self.api.fenced(what)
         try:
             return call()
@@ -44,6 +51,8 @@ class BatchApi:
                 return None
             if err.status == 422:
                 raise Invalid(api_message(err)) from None
+            if err.status == 409:
+                raise Conflict(f"{what}: {api_message(err)}") from None
             raise
 
     def patch(self, kind: WorkloadKind, namespace: str, name: str, body: dict[str, Any]) -> None:

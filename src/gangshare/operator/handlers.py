@@ -15,7 +15,7 @@ from gangshare.core.annotations import JOB_LABEL
 from gangshare.kube.batchjob import JOB
 from gangshare.kube.jobset import JOBSET
 from gangshare.kube.queue import QUEUE_PLURAL
-from gangshare.kube.queued import QUEUE_LABEL, WorkloadKind
+from gangshare.kube.queued import WorkloadKind, is_queued, was_queued
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.reconcile import Reconciler
@@ -114,18 +114,26 @@ def build_registry(
 
     def queued_object_event(kind: WorkloadKind, type: str, body: Mapping[str, Any]) -> None:
         # A labelled Job or JobSet: queued through its TrainingJob (made here), reconciled.
+        # One that was queued and lost its label: its TrainingJob is reconciled, and released.
         if type == "DELETED" or not leading() or reconciler.batch is None:
             return
-        reconciler.batch.adopt_later(kind, dict(body), reconciler.reconcile_later)
+        if is_queued(body):
+            reconciler.batch.adopt_later(kind, dict(body), reconciler.reconcile_later)
+        elif was_queued(body):
+            meta = body.get("metadata") or {}
+            name = kind.workload_name(str(meta.get("name", "")))
+            reconciler.reconcile_later(str(meta.get("namespace", "")), name)
+        else:
+            return
         loop.poke()
 
     for kind in (JOB, JOBSET):
         # kopf waits for a kind whose CRD is not installed (JobSet's) and follows it once it is.
+        # Not filtered by the queue label: a Job whose label is removed must still be seen.
         kopf.on.event(
             kind.group,
             kind.version,
             kind.plural,
-            labels={QUEUE_LABEL: kopf.PRESENT},
             registry=registry,
             id=f"queued-{kind.plural}",
         )(functools.partial(_queued_event, queued_object_event, kind))

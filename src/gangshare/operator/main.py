@@ -243,7 +243,12 @@ def run_operator(args: argparse.Namespace) -> int:
     reconciler = Reconciler(api, clock, options, metrics)
     # batch/v1 Jobs labelled gangshare.io/queue are queued as gangs too (kube/batchjob.py).
     reconciler.batch = BatchReconciler(
-        api, BatchApi(api), clock, options.limits, options.backoff_base_seconds
+        api,
+        BatchApi(api),
+        clock,
+        options.limits,
+        options.backoff_base_seconds,
+        scheduler_name=args.scheduler_name,
     )
     # The loop reads from watch-fed stores; a standby keeps them warm too, so a new leader's
     # first pass needs no listing.

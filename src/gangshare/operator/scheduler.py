@@ -264,11 +264,13 @@ class SchedulerLoop:
         return work
 
     def _displaced(self, displaced: dict[str, str], by_key: dict[str, Any]) -> list[Work]:
-        """Gangs whose plan broke before they started give their GPUs back and requeue."""
+        """Gangs whose plan broke give their GPUs back and requeue: before they start, and a
+        running one whose controller replaced a pod onto a place that is gone (a TrainingJob's
+        own lost worker is a failure its lifecycle handles)."""
         work: list[Work] = []
         for key, reason in displaced.items():
             job = by_key.get(key)
-            if job is None or (job.get("status") or {}).get("phase") != "Admitted":
+            if job is None or (job.get("status") or {}).get("phase") not in ("Admitted", "Running"):
                 continue
             attempt = int((job.get("status") or {}).get("attempt", 0))
             work.append((key, Displacement(attempt, reason)))

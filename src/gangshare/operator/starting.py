@@ -10,6 +10,8 @@
   released `unschedulable_seconds` after its first worker was bound, not at the start
   deadline (by then the bound part could have run for minutes). A plan that broke
   (`displaced`) goes at once; a gang that is simply slow goes at the start deadline.
+  These rules (`release_broken`) are every kind's: a TrainingJob's gang before it starts, and
+  a queued Job's or JobSet's before it starts and whenever its controller replaces a pod.
 """
 
 from __future__ import annotations
@@ -91,6 +93,65 @@ def unplaceable_worker(current: Pods, workers: int) -> tuple[int, str] | None:
     return None
 
 
+def release_broken(
+    status: Mapping[str, Any],
+    current: Pods,
+    workers: int,
+    seen: Observation,
+    unschedulable_seconds: float,
+    backoff_base_seconds: float,
+    running: bool = False,
+) -> tuple[Release | None, float | None]:
+    """The rules that release a broken gang, whatever kind of workload it is: its plan broke
+    (`displaced`), or kube-scheduler refuses a worker while a sibling is bound. (why it gives
+    its GPUs back now, or None; seconds until it should be looked at again, or None.)
+
+    `running`: the gang ran already (a controller replaced one of its pods). Then a worker
+    refused counts from its refusal, not from the first bind, and a broken plan releases the
+    gang only once a worker of it is waiting to be placed: a rank that finished may leave its
+    planned GPUs to others without breaking the ranks still running."""
+    displaced = seen.displaced_now(status)
+    waiting = any(not bound(p) for p in current.values())
+    if displaced is not None and (not running or waiting):
+        when = "while it ran" if running else "before it started"
+        return (
+            Release(
+                "GangDisplaced",
+                f"the gang's plan broke {when} ({displaced.reason}); "
+                "requeued, keeping its place in the queue",
+            ),
+            None,
+        )
+    refused = unplaceable_worker(current, workers)
+    started = first_bound_at(current)
+    if started is None or refused is None:
+        return None, None
+    rank, why = refused
+    if running:
+        started = max(started, refused_at(current[rank]) or seen.now)
+    due = started + unschedulable_seconds
+    if seen.now < due:
+        return None, due - seen.now
+    delay = start_timeout_delay(status, backoff_base_seconds)
+    return (
+        Release(
+            "GangUnschedulable",
+            f"worker {rank} cannot be placed on its planned node ({why}) while "
+            f"{sum(bound(p) for p in current.values())} of {workers} workers are "
+            f"bound; GPUs released, requeued in {delay:.0f}s",
+            delay,
+            timed_out=True,
+        ),
+        None,
+    )
+
+
+def refused_at(pod: Mapping[str, Any]) -> float | None:
+    """Since when kube-scheduler has refused the pod (its PodScheduled turned False)."""
+    found = _refusal(pod)
+    return None if found is None else parse_time(found.get("lastTransitionTime"))
+
+
 def release_before_start(
     status: Mapping[str, Any],
     current: Pods,
@@ -101,37 +162,12 @@ def release_before_start(
     backoff_base_seconds: float,
 ) -> tuple[Release | None, float | None]:
     """(why the gang gives its GPUs back now, or None; seconds until it should be looked at
-    again, or None)."""
-    displaced = seen.displaced_now(status)
-    if displaced is not None:
-        return (
-            Release(
-                "GangDisplaced",
-                f"the gang's plan broke before it started ({displaced.reason}); "
-                "requeued, keeping its place in the queue",
-            ),
-            None,
-        )
-    wake: float | None = None
-    started = first_bound_at(current)
-    refused = unplaceable_worker(current, workers)
-    if started is not None and refused is not None:
-        due = started + unschedulable_seconds
-        if seen.now >= due:
-            rank, why = refused
-            delay = start_timeout_delay(status, backoff_base_seconds)
-            return (
-                Release(
-                    "GangUnschedulable",
-                    f"worker {rank} cannot be placed on its planned node ({why}) while "
-                    f"{sum(bound(p) for p in current.values())} of {workers} workers are "
-                    f"bound; GPUs released, requeued in {delay:.0f}s",
-                    delay,
-                    timed_out=True,
-                ),
-                None,
-            )
-        wake = due - seen.now
+    again, or None): broken (`release_broken`), or not all bound by the start deadline."""
+    release, wake = release_broken(
+        status, current, workers, seen, unschedulable_seconds, backoff_base_seconds
+    )
+    if release is not None:
+        return release, None
     admitted = parse_time(status.get("admittedAt"))
     if admitted is None:
         return None, wake

@@ -41,6 +41,7 @@ class FakeSpec:
         at: float = 0,
         until: float = 1e9,
         sm: float | None = None,
+        mps: bool = False,
     ) -> FakeSpec:
         entry: dict[str, Any] = {
             "gpu": gpu,
@@ -51,6 +52,8 @@ class FakeSpec:
         }
         if sm is not None:
             entry["sm"] = sm
+        if mps:
+            entry["mps"] = True
         self.fake.setdefault("processes", []).append(entry)
         return self
 

@@ -93,6 +93,10 @@ def test_a_broken_rewrite_keeps_the_last_good_spec(tmp_path: Path) -> None:
             "nodePools[0].fake.processes[0].sm: must be between 0 and 1",
         ),
         (
+            "nodePools: [{name: r, gpusPerNode: 2, fake: {processes: [{gpu: 0, pid: 7, mps: 1}]}}]",
+            "nodePools[0].fake.processes[0].mps: must be true or false",
+        ),
+        (
             "nodePools: [{name: real, gpusPerNode: 2, fake: {procs: []}}]",
             "nodePools[0].fake.procs: unknown field",
         ),

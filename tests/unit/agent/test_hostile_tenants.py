@@ -23,6 +23,7 @@ from agent_fakes import FakeSpec, fake_backend, make_spec
 
 from gangshare.agent.control_loop import KILL_SLACK_SECONDS, ControlLoop
 from gangshare.agent.coordinator import Coordinator
+from gangshare.agent.freezer import SignalStopper
 from gangshare.agent.metrics import AgentMetrics
 from gangshare.agent.podresources import PodDevices
 from gangshare.agent.throttle import Throttler
@@ -111,9 +112,11 @@ class World:
         return outcomes
 
 
-def fake_gpu(pids: tuple[int, int], tenant_sm: float, tenant_mib: int) -> FakeSpec:
-    spec = make_spec().gpus(1, memory_mib=16384)
-    return spec.process(0, pids[0], 6000, sm=0.6).process(0, pids[1], tenant_mib, sm=tenant_sm)
+def fake_gpu(
+    pids: tuple[int, int], tenant_sm: float, tenant_mib: int, mps: bool = False
+) -> FakeSpec:
+    spec = make_spec().gpus(1, memory_mib=16384).process(0, pids[0], 6000, sm=0.6)
+    return spec.process(0, pids[1], tenant_mib, sm=tenant_sm, mps=mps)
 
 
 def world(
@@ -122,8 +125,9 @@ def world(
     tenant_sm: float,
     tenant_mib: int = 1000,
     grace: int | None = None,
+    mps: bool = False,
 ) -> World:
-    spec = fake_gpu(pids, tenant_sm, tenant_mib)
+    spec = fake_gpu(pids, tenant_sm, tenant_mib, mps)
     backend, _ = fake_backend(spec, tmp_path / "fake.yaml")
     clock = ManualClock(100.0)
     coordinator = Coordinator(spec.devices(), clock=clock.now)
@@ -169,8 +173,40 @@ def test_a_caught_tenant_stays_duty_cycled_while_capped_though_it_then_measures_
     # Held by stop/continue it measures within its duty; let go, it would run flat out again.
     fake_gpu(pids, 0.0, 1000).write(tmp_path / "fake.yaml")
     os.utime(tmp_path / "fake.yaml", ns=(time.time_ns() + 10**9,) * 2)
-    later = held.run(15, lie=True)
+    later = held.run(40, lie=True)
     assert all(o.throttled["uid-o"][0] == "OverDutyMeasured" for o in later)
+    assert not any(o.evictions for o in later) and held.api.deleted == []
+
+
+def test_a_held_tenant_whose_gpu_work_runs_on_is_removed_within_a_stated_time(
+    tmp_path: Path, pids: tuple[int, int]
+) -> None:
+    """Frozen host processes, but NVML still measures it flat out (kernels it queued, or one
+    long kernel): duty-cycling it for ever would not protect the guaranteed job."""
+    held = world(tmp_path, pids, tenant_sm=1.0)
+    bound = (
+        PARAMS.measure_min_seconds
+        + PARAMS.measure_window_seconds
+        + PARAMS.duty_overrun_seconds
+        + 3  # control periods: capped, caught, judged
+    )
+    outcomes = held.run(int(bound), lie=True)
+    removals = [e for o in outcomes for e in o.evictions]
+    assert [(e.uid, e.reason) for e in removals][:1] == [("uid-o", "GpuDutyOverrun")]
+    assert held.api.deleted == [("uid-o", int(PARAMS.removal_grace_seconds))]
+    assert "GpuDutyOverrun" in held.api.events and "gangshare.io/evicted" in held.api.annotated[-1]
+    assert held.loop._throttled == set()  # let go, so it can act on its SIGTERM
+
+
+def test_an_mps_client_listed_only_by_nvmls_mps_list_is_judged_and_held(
+    tmp_path: Path, pids: tuple[int, int]
+) -> None:
+    spec = make_spec().gpus(1, memory_mib=16384).process(0, pids[0], 6000, sm=0.6)
+    spec = spec.process(0, pids[1], 1000, sm=1.0, mps=True)
+    backend, _ = fake_backend(spec, tmp_path / "fake.yaml")
+    assert [(p.pid, p.sm) for p in backend.processes()] == [(pids[0], 0.6), (pids[1], 1.0)]
+    outcomes = world(tmp_path, pids, tenant_sm=1.0, mps=True).run(10, lie=True)
+    assert any(o.throttled.get("uid-o", ("",))[0] == "OverDutyMeasured" for o in outcomes)
 
 
 def test_a_tenant_without_an_sdk_that_keeps_its_duty_by_measure_is_left_alone(
@@ -215,9 +251,11 @@ AGENT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
+    from gangshare.agent.freezer import SignalStopper
     from gangshare.agent.throttle import Throttler
     child = int(sys.argv[2])
-    throttler = Throttler(1.0, lambda: {"uid-o": [child]}, state_file=Path(sys.argv[1]))
+    stopper = SignalStopper(lambda: {"uid-o": [child]})
+    throttler = Throttler(1.0, stopper, state_file=Path(sys.argv[1]))
     throttler.set_duties({"uid-o": 0.0})  # duty 0: held stopped
     throttler.tick()
     print("stopped", flush=True)
@@ -258,7 +296,8 @@ def test_a_sigkilled_agent_leaves_no_pod_stopped_once_the_next_agent_starts(
         agent.send_signal(signal.SIGKILL)  # no chance to continue anything
         agent.wait(timeout=10)
         assert process_state(child.pid) == "T"
-        restarted = Throttler(1.0, lambda: {"uid-o": [child.pid]}, state_file=state)
+        stopper = SignalStopper(lambda: {"uid-o": [child.pid]})
+        restarted = Throttler(1.0, stopper, state_file=state)
         assert restarted.resume_left_stopped() == ["uid-o"]
         assert settled_state(child.pid, "S") != "T"
     finally:
@@ -273,9 +312,8 @@ def test_the_state_names_a_pod_before_it_is_ever_stopped_and_none_after_a_clean_
     state = tmp_path / "throttled.json"
     sent: list[tuple[int, int]] = []
     clock = ManualClock(0.5)
-    throttler = Throttler(
-        1.0, lambda: {"o": [10]}, lambda p, s: sent.append((p, s)), clock.now, state
-    )
+    stopper = SignalStopper(lambda: {"o": [10]}, lambda p, s: sent.append((p, s)))
+    throttler = Throttler(1.0, stopper, clock.now, state)
     throttler.set_duties({"o": 0.25})
     assert '"o"' in state.read_text() and sent == []  # written ahead of the first SIGSTOP
     throttler.tick()

@@ -170,3 +170,34 @@ def test_a_gpu_without_per_process_samples_gives_unknown_not_idle() -> None:
     first = backend.processes()
     assert [(p.index, p.sm) for p in first] == [(0, None), (1, 0.9)]
     assert [(p.index, p.sm) for p in backend.processes()] == [(0, None), (1, 0.0)]
+
+
+def test_mps_clients_are_read_from_nvmls_mps_list_beside_the_compute_list() -> None:
+    """Under MPS the compute list names only the MPS server; each client is in the MPS list
+    alone. Read both, each process once, with its own memory and SM samples."""
+    nvml = FakePynvml()
+    server = SimpleNamespace(pid=900, usedGpuMemory=64 * MIB)
+    clients = [
+        SimpleNamespace(pid=1001, usedGpuMemory=4096 * MIB),
+        SimpleNamespace(pid=1002, usedGpuMemory=None),  # some drivers hide it under MPS
+    ]
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: [server] if h == 1 else []  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetMPSComputeRunningProcesses = (  # type: ignore[attr-defined]
+        lambda h: [*clients, server] if h == 1 else []
+    )
+    listed = NvmlBackend(nvml).processes()
+    assert [(p.index, p.pid, p.memory_mib, p.sm) for p in listed] == [
+        (1, 900, 64, 0.0),
+        (1, 1001, 4096, 0.9),
+        (1, 1002, 0, 0.0),
+    ]
+
+
+def test_a_gpu_that_refuses_the_mps_list_still_gives_its_compute_list() -> None:
+    nvml = FakePynvml()
+
+    def refused(h: int) -> list[Any]:
+        raise NVMLError_NotSupported()
+
+    nvml.nvmlDeviceGetMPSComputeRunningProcesses = refused  # type: ignore[attr-defined]
+    assert [(p.index, p.pid) for p in NvmlBackend(nvml).processes()] == [(1, 1001)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+from gangshare.agent.freezer import SignalStopper
 from gangshare.agent.throttle import Throttler
 from gangshare.core.clock import ManualClock
 
@@ -13,7 +14,8 @@ def test_a_throttled_pod_is_stopped_and_continued_whole_and_released_at_the_end(
     clock = ManualClock(0.0)
     sent: list[tuple[int, int]] = []
     pids = {"o": [10, 11], "g": [20]}
-    throttler = Throttler(1.0, lambda: pids, lambda pid, sig: sent.append((pid, sig)), clock.now)
+    stopper = SignalStopper(lambda: pids, lambda pid, sig: sent.append((pid, sig)))
+    throttler = Throttler(1.0, stopper, clock.now)
     throttler.set_duties({"o": 0.25})
     throttler.tick()  # 0.00: inside its quarter
     assert sent == [] and throttler.stopped() == frozenset()

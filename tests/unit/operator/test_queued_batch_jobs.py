@@ -81,6 +81,15 @@ def test_a_labelled_indexed_job_is_a_gang_of_its_parallelism():
     }
 
 
+def test_a_jobs_pod_level_resources_reach_its_trainingjobs_constraints():
+    # spec.resources on the Job's pod template is what kube-scheduler counts for its pods.
+    asked = {"requests": {"cpu": "32", "memory": "256Gi"}}
+    body = workload(parse_queued_job(make_batch_job().pod_spec(resources=asked).build()))
+    assert body["spec"]["template"]["spec"]["resources"] == asked
+    tj = parse_trainingjob({**body, "metadata": {**body["metadata"], "uid": "x"}})
+    assert tj.constraints.resource_map() == {"cpu": 32_000, "memory": 256 * 2**30, "pods": 1}
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

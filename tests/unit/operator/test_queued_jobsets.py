@@ -74,8 +74,15 @@ def child_pod(item: str, job_index: int, completion: int, **labels: str) -> dict
                 JOBSET_UID_LABEL: UID,
                 **labels,
             },
+            # Its child Job's, as JobSet's controller names it: <jobset>-<replicated>-<index>.
             "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "Job", "uid": "child", "controller": True}
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": f"pair-{item}-{job_index}",
+                    "uid": "child",
+                    "controller": True,
+                }
             ],
         }
     }

@@ -123,3 +123,97 @@ def test_node_taints_allocatable_and_what_bound_pods_take():
         {"spec": {"containers": [container("d", cpu="9")]}, "status": {}},  # not bound
     ]
     assert requests_by_node(pods) == {"n": {"cpu": 3000, "pods": 2}}
+
+
+# ----- pod-level resources (spec.resources, beta and on by default since Kubernetes 1.34) -----
+
+
+def pod_level(requests=None, limits=None):
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def test_pod_level_cpu_and_memory_replace_what_the_containers_add_up_to():
+    spec = {
+        "resources": pod_level(requests={"cpu": "32", "memory": "256Gi"}),
+        "containers": [container("train", cpu="4", memory="16Gi", gpu="8"), container("log")],
+    }
+    assert pod_requests(spec) == {"cpu": 32_000, "memory": 256 * 2**30, "pods": 1}
+
+
+def test_a_resource_named_only_by_containers_is_still_their_aggregate():
+    spec = {
+        "resources": pod_level(requests={"cpu": "32"}),
+        "containers": [
+            container("train", cpu="4", memory="16Gi"),
+            {"name": "scratch", "resources": {"requests": {"ephemeral-storage": "10Gi"}}},
+        ],
+    }
+    assert pod_requests(spec) == {
+        "cpu": 32_000,
+        "memory": 16 * 2**30,
+        "ephemeral-storage": 10 * 2**30,
+        "pods": 1,
+    }
+
+
+def test_overhead_is_added_on_top_of_the_pod_level_request():
+    spec = {
+        "resources": pod_level(requests={"cpu": "8", "memory": "32Gi"}),
+        "containers": [container("train", cpu="2")],
+        "overhead": {"cpu": "250m", "memory": "120Mi"},
+    }
+    assert pod_requests(spec) == {
+        "cpu": 8_250,
+        "memory": 32 * 2**30 + 120 * 2**20,
+        "pods": 1,
+    }
+
+
+def test_the_pod_level_request_replaces_the_init_container_peak_too():
+    # Containers 2 CPUs, a plain init container 12: the aggregate would be 12 CPUs, 1Gi. The pod
+    # says 6 CPUs (the API server only checks it is at least the containers' aggregate when
+    # both are set, so a larger init container is its own business): 6 it is. Memory, not named
+    # at pod level, keeps the aggregate rule: max(containers 1Gi, init 4Gi).
+    spec = {
+        "resources": pod_level(requests={"cpu": "6"}),
+        "initContainers": [container("fetch", cpu="12", memory="4Gi")],
+        "containers": [container("train", cpu="2", memory="1Gi")],
+    }
+    assert pod_requests(spec) == {"cpu": 6_000, "memory": 4 * 2**30, "pods": 1}
+
+
+def test_a_pod_level_limit_without_a_request_is_the_request_unless_containers_ask():
+    # The API server's defaulting (pkg/apis/core/v1/defaults.go defaultPodRequests): a pod-level
+    # limit with no pod-level request defaults the request to the containers' aggregate when
+    # they ask for that resource, else to the limit itself.
+    spec = {
+        "resources": pod_level(limits={"cpu": "16", "memory": "64Gi"}),
+        "containers": [container("train", cpu="3")],
+    }
+    assert pod_requests(spec) == {"cpu": 3_000, "memory": 64 * 2**30, "pods": 1}
+    both = {**spec, "resources": pod_level(requests={"memory": "8Gi"}, limits={"memory": "64Gi"})}
+    assert pod_requests(both) == {"cpu": 3_000, "memory": 8 * 2**30, "pods": 1}
+
+
+def test_pod_level_resources_kubernetes_does_not_support_are_ignored():
+    # Only cpu, memory and hugepages-* may be set at pod level; GPUs still come from containers.
+    spec = {
+        "resources": pod_level(
+            requests={"hugepages-2Mi": "1Gi", "ephemeral-storage": "1Ti", "nvidia.com/gpu": "8"}
+        ),
+        "containers": [container("train", cpu="1", gpu="2")],
+    }
+    assert pod_requests(spec) == {"cpu": 1_000, "hugepages-2Mi": 2**30, "pods": 1}
+    assert gpu_devices(spec) == {"nvidia.com/gpu": 2}
+
+
+def test_pod_level_requests_count_for_a_bound_pod_and_in_a_templates_constraints():
+    spec = {
+        "nodeName": "n",
+        "resources": pod_level(requests={"cpu": "32", "memory": "256Gi"}),
+        "containers": [container("train", cpu="1")],
+    }
+    assert requests_by_node([{"spec": spec, "status": {}}]) == {
+        "n": {"cpu": 32_000, "memory": 256 * 2**30, "pods": 1}
+    }
+    assert dict(pod_constraints(spec).resources)["cpu"] == 32_000

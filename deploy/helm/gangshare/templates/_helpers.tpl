@@ -100,3 +100,11 @@ The shared /tmp emptyDir that lets every container keep a read-only root file sy
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/*
+A CEL list literal of strings, written as crds/ policies write theirs: ['a', 'b']. The values
+schema keeps quotes and backslashes out of the strings.
+*/}}
+{{- define "gangshare.celStrings" -}}
+[{{ range $i, $s := . }}{{ if $i }}, {{ end }}'{{ $s }}'{{ end }}]
+{{- end }}
