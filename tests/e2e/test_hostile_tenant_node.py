@@ -155,7 +155,12 @@ def test_a_liar_running_flat_out_is_held_and_a_killed_agent_leaves_it_running(
             return seen[-1] is False
 
         eventually(thawed, timeout=30, interval=0.02, what="the liar thawed")
-        assert "continued pods a previous agent may have left stopped" in one_gpu_agent.logs()
+        # The thaw comes first, its log line just after: a read in between sees none yet.
+        eventually(
+            lambda: "continued pods a previous agent may have left stopped" in one_gpu_agent.logs(),
+            timeout=10,
+            what="the new agent saying what it continued",
+        )
         assert process_state(liar) not in ("T", "gone")
     finally:
         operator.stop()

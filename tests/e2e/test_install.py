@@ -133,7 +133,12 @@ def test_every_component_is_a_real_container_under_the_charts_security_context(e
 
 
 def test_the_agent_registers_its_device_plugin_and_publishes_the_gpus(env: InstallEnv):
-    node = env.kube.core.read_node(env.node.name)
+    def published() -> Any:
+        node = env.kube.core.read_node(env.node.name)
+        return node if "nvidia.com/gpu" in (node.status.allocatable or {}) else None
+
+    # The kubelet reports a registered plugin's devices with its next node status (10 s).
+    node = eventually(published, timeout=60, what="the agent's GPUs on the node")
     allocatable = node.status.allocatable
     # The fake backend's four GPUs, four share slots each (the chart's agent.shareSlots).
     assert (allocatable["nvidia.com/gpu"], allocatable["gangshare.io/gpu-share"]) == ("4", "16")
@@ -144,7 +149,8 @@ def test_the_agent_registers_its_device_plugin_and_publishes_the_gpus(env: Insta
     [agent] = env.kube.core.list_namespaced_pod(
         NAMESPACE, label_selector="app.kubernetes.io/component=agent"
     ).items
-    logs = env.kube.core.read_namespaced_pod_log(agent.metadata.name, NAMESPACE)
+    # Read on the node: the API server cannot reach this kubelet by its name.
+    logs = env.node.container_log(NAMESPACE, agent.metadata.name, "agent")
     assert "throttled pods are frozen through cgroup v" in logs, logs[-2000:]
     assert "at /host/sys/fs/cgroup" in logs and "no cgroup freezer" not in logs
 
