@@ -134,8 +134,12 @@ def test_a_running_job_that_loses_a_node_is_requeued_within_seconds_and_finishes
         took = time.monotonic() - lost_at
         print(f"running Job that lost a node released ({reason}) {took:.1f}s after the loss")
         assert took < 20, took
-        job = read_job(crd, namespace, "lose")
-        assert job.spec.suspend is True or job_done(crd, namespace, "lose") is not None
+        # The release is written on the TrainingJob first, the Job suspended just after.
+        eventually(
+            lambda: read_job(crd, namespace, "lose").spec.suspend is True,
+            timeout=10,
+            what="the Job suspended",
+        )
         done = eventually(
             lambda: phase_is(crd, namespace, "job-lose", "Succeeded", "Failed"),
             timeout=120,
