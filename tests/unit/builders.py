@@ -7,6 +7,7 @@ from gangshare.core import (
     GangRequest,
     Gpu,
     NodeState,
+    PodSet,
     ServiceClass,
     Topology,
     TopologyPolicy,
@@ -169,6 +170,7 @@ class GangBuilder:
         self._topology = Topology()
         self._model: str | None = None
         self._constraints = UNCONSTRAINED
+        self._companions: list[PodSet] = []
 
     def workers(self, count: int) -> GangBuilder:
         self._workers = count
@@ -197,6 +199,17 @@ class GangBuilder:
         self._constraints = constraints
         return self
 
+    def with_pod_set(
+        self,
+        name: str,
+        count: int = 1,
+        gpus: int = 0,
+        constraints: PodConstraints = UNCONSTRAINED,
+    ) -> GangBuilder:
+        """Another pod set beside the workers (a CPU-only launcher when gpus=0)."""
+        self._companions.append(PodSet(name, count, gpus, constraints))
+        return self
+
     def build(self) -> GangRequest:
         return GangRequest(
             self._owner,
@@ -207,6 +220,7 @@ class GangBuilder:
             self._memory,
             self._model,
             self._constraints,
+            companions=tuple(self._companions),
         )
 
 

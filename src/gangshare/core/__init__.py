@@ -8,6 +8,7 @@ from gangshare.core.gang import GangPlan, Unschedulable, WorkerPlacement, apply_
 from gangshare.core.gpu import Gpu, GpuState, Tenant
 from gangshare.core.job import (
     GangRequest,
+    PodSet,
     ServiceClass,
     Topology,
     TopologyPolicy,
@@ -28,6 +29,7 @@ __all__ = [
     "GpuState",
     "ManualClock",
     "NodeState",
+    "PodSet",
     "Rejection",
     "ServiceClass",
     "Tenant",

@@ -30,6 +30,8 @@ NODE_UTILIZATION = f"{GROUP}/gpu-utilization"
 
 JOB_LABEL = f"{GROUP}/job"
 RANK_LABEL = f"{GROUP}/rank"
+# On a TrainingJob's replica-group pod: its group (spec.replicaGroups[].name).
+REPLICA_GROUP_LABEL = f"{GROUP}/replica-group"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
 CLASS_LABEL = f"{GROUP}/service-class"
 POD_PLANNED_NODE = f"{GROUP}/planned-node"

@@ -35,7 +35,7 @@ from gangshare.core.cluster import Cluster
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
 from gangshare.core.held import HeldGpus, avoiding, gpus_by_node
-from gangshare.core.job import GangRequest, ServiceClass, Topology
+from gangshare.core.job import GangRequest, PodSet, ServiceClass, Topology
 from gangshare.core.queueing import (
     QueuedJob,
     QueuePolicy,
@@ -65,7 +65,9 @@ __all__ = [
 ]
 
 
-ShapeKey = tuple[ServiceClass, int, Topology, str | None, int | None, PodConstraints]
+ShapeKey = tuple[
+    ServiceClass, int, Topology, str | None, int | None, PodConstraints, tuple[PodSet, ...]
+]
 
 
 def schedule_cycle(
@@ -186,6 +188,7 @@ class _Cycle:
             gang.gpu_model,
             gang.gpu_memory_mib,
             gang.constraints,
+            gang.companions,
         )
         if key not in self.never:
             self.never[key] = never_fits(self.cluster, gang)
@@ -293,6 +296,7 @@ class _Cycle:
             gang.gpu_model,
             gang.gpu_memory_mib,
             gang.constraints,
+            gang.companions,
         )
         known = self.failed_shapes.get(shape)
         if known is not None and gang.workers >= known[0]:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gangshare.core.constraints import (
+    PodConstraints,
     resource_room,
     selector_mismatch,
     short_resource,
@@ -32,11 +33,11 @@ def fits_opportunistic(gpu: GpuState, memory_mib: int) -> bool:
     return gpu.gpu.healthy and gpu.free_share_slots() > 0 and gpu.spare_memory_mib() >= memory_mib
 
 
-def static_rejection(node: NodeState, req: WorkerRequest) -> Rejection | None:
-    """Reasons no amount of waiting fixes: the node itself does not match."""
+def node_rejection(node: NodeState, constraints: PodConstraints) -> Rejection | None:
+    """Why no pod with these constraints may run on the node, GPUs aside (what kube-scheduler
+    checks of a CPU-only pod: schedulable, taints, nodeSelector and node affinity)."""
     if not node.schedulable:
         return Rejection(node.name, node.unschedulable_reason or "node is unschedulable", False)
-    constraints = req.constraints
     if node.taints:
         taint = untolerated_taint(node.taints, constraints.tolerations)
         if taint is not None:
@@ -47,6 +48,24 @@ def static_rejection(node: NodeState, req: WorkerRequest) -> Rejection | None:
         mismatch = selector_mismatch(node.name, node.labels, constraints)
         if mismatch is not None:
             return Rejection(node.name, mismatch, False)
+    return None
+
+
+def pods_room(node: NodeState, constraints: PodConstraints, empty: bool = False) -> int | None:
+    """How many more CPU-only pods with these requests fit on the node (None: no bound known);
+    `empty`: with nothing else on it."""
+    if node.allocatable is None:
+        return None
+    return resource_room(
+        node.allocatable, {} if empty else node.requested, constraints.resource_map()
+    )
+
+
+def static_rejection(node: NodeState, req: WorkerRequest) -> Rejection | None:
+    """Reasons no amount of waiting fixes: the node itself does not match."""
+    rejection = node_rejection(node, req.constraints)
+    if rejection is not None:
+        return rejection
     if req.gpu_model is not None and node.gpu_model != req.gpu_model:
         return Rejection(
             node.name, f"GPU model {node.gpu_model or 'none'}, job requires {req.gpu_model}", False

@@ -6,7 +6,8 @@ Phases, tightest first, each one only when the previous found nothing:
   3. the whole cluster (fewest nodes, then fewest racks).
 A Required scope stops at its own phase. Island-local workers are tried before
 workers that span NVLink islands when the island policy is Preferred.
-Either every worker gets GPUs in the plan, or the answer is Unschedulable.
+Either every worker gets GPUs in the plan, or the answer is Unschedulable. A gang's other
+pod sets (core/podsets.py) are placed once its workers are, all or nothing with them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gangshare.core.job import (
     WorkerRequest,
 )
 from gangshare.core.node import NodeState
+from gangshare.core.podsets import companions_never_fit, plan_companions
 from gangshare.core.score import opportunistic_bound, score_worker
 from gangshare.core.verdicts import room_of, score_of
 
@@ -81,23 +83,50 @@ def plan_gang(
                 gang.topology.policy is TopologyPolicy.REQUIRED
                 and topology.policy is not TopologyPolicy.REQUIRED
             )
-            return _assign_gpus(gang.owner, req, chosen, relaxed)
+            plan = _assign_gpus(gang.owner, req, chosen, relaxed)
+            return (
+                plan
+                if isinstance(plan, Unschedulable)
+                else _with_companions(cluster, gang, plan, topology)
+            )
     return Unschedulable(gang.owner, _explain(cluster, gang, gang.worker(passes[-1]), widest))
 
 
+def _with_companions(
+    cluster: Cluster, gang: GangRequest, plan: GangPlan, topology: Topology
+) -> GangPlan | Unschedulable:
+    """The workers' plan with the gang's other pod sets placed beside it, or why they find
+    no room (the whole gang then waits: all or nothing)."""
+    if not gang.companions:
+        return plan
+    workers = [(p.node, p.gpu_indices) for p in plan.placements]
+    placed = plan_companions(cluster, gang, workers, topology)
+    if isinstance(placed, str):
+        return Unschedulable(gang.owner, placed)
+    more = tuple(
+        WorkerPlacement(rank, node, gpus)
+        for rank, (node, gpus) in enumerate(placed, start=len(workers))
+    )
+    return GangPlan(plan.owner, plan.placements + more, plan.relaxed)
+
+
 def apply_plan(cluster: Cluster, gang: GangRequest, plan: GangPlan) -> None:
-    """Allocate every worker of the plan, or none of them."""
+    """Allocate every pod of the plan, or none of them."""
     resources = gang.constraints.resource_map()
+    memory = gang.gpu_memory_mib if not gang.worker().guaranteed else None
     try:
         for placement in plan.placements:
+            own = resources
+            if placement.rank >= gang.workers:
+                own = gang.pod_set_of(placement.rank).constraints.resource_map()
             cluster.allocate(
                 gang.owner,
                 f"{gang.owner}/{placement.rank}",
                 placement.node,
                 placement.gpu_indices,
                 gang.service_class,
-                gang.gpu_memory_mib if not gang.worker().guaranteed else None,
-                resources,
+                memory if placement.gpu_indices else None,
+                own,
             )
     except AllocationError:
         cluster.release(gang.owner)
@@ -130,7 +159,7 @@ def never_fits(cluster: Cluster, gang: GangRequest) -> str | None:
         per_rack[node.rack] = per_rack.get(node.rack, 0) + room
         if _enough(topology, gang.workers, total, largest, per_rack[node.rack]):
             # Found room for the whole gang: the reasons other nodes refuse are not needed.
-            return None
+            return companions_never_fit(cluster, gang)
     ask = f"{gang.workers} worker(s) x {gang.gpus_per_worker} GPU(s)"
     why = ""
     if reasons:
@@ -155,7 +184,7 @@ def never_fits(cluster: Cluster, gang: GangRequest) -> str | None:
             f"can never fit: {ask} in one rack (topology Rack, Required), "
             f"the largest rack holds {max(per_rack.values())}{why}"
         )
-    return None
+    return companions_never_fit(cluster, gang)
 
 
 def _enough(topology: Topology, workers: int, total: int, largest: int, in_rack: int) -> bool:

@@ -1,4 +1,10 @@
-"""What a training job asks of the cluster: a gang of identical workers."""
+"""What a training job asks of the cluster: a gang of pod sets, placed all or nothing.
+
+The first pod set is the gang's GPU workers (`workers` x `gpus_per_worker`, alike); any other
+pod set (a launcher, a driver, a parameter server, workers of another shape) is a companion
+with its own count, GPUs (none for a CPU-only one) and constraints, as Kueue's podSets are.
+Ranks number the workers first, then each companion's pods in order.
+"""
 
 from __future__ import annotations
 
@@ -99,6 +105,23 @@ class WorkerRequest:
 
 
 @dataclass(frozen=True)
+class PodSet:
+    """A gang's pods of one shape besides its workers: `count` pods of `gpus` GPUs each (0: a
+    CPU-only pod, placed where its CPU and memory fit) and what kube-scheduler checks of them."""
+
+    name: str
+    count: int
+    gpus: int = 0
+    constraints: PodConstraints = UNCONSTRAINED
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"{self.name}: replicas must be at least 1, got {self.count}")
+        if self.gpus < 0:
+            raise ValueError(f"{self.name}: GPUs may not be negative, got {self.gpus}")
+
+
+@dataclass(frozen=True)
 class GangRequest:
     """An all-or-nothing ask: `workers` identical workers, placed together or not at all."""
 
@@ -114,6 +137,10 @@ class GangRequest:
     # the API server keeps immutable): it asks whole GPUs even when it borrows, so it borrows
     # idle GPUs, never share slots beside a Guaranteed job.
     whole_gpus: bool = False
+    # The gang's other pod sets, placed with its workers all or nothing (ranks after theirs).
+    companions: tuple[PodSet, ...] = ()
+    # What the workers' pod set is called (a replica group's or replicated job's name).
+    worker_set: str = "workers"
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -123,7 +150,37 @@ class GangRequest:
 
     @property
     def total_gpus(self) -> int:
-        return self.workers * self.gpus_per_worker
+        return self.workers * self.gpus_per_worker + sum(p.count * p.gpus for p in self.companions)
+
+    @property
+    def pod_count(self) -> int:
+        return self.workers + sum(p.count for p in self.companions)
+
+    @property
+    def pod_sets(self) -> tuple[PodSet, ...]:
+        """Every pod set of the gang in rank order, its workers first."""
+        workers = PodSet(self.worker_set, self.workers, self.gpus_per_worker, self.constraints)
+        return (workers, *self.companions)
+
+    def pod_set_of(self, rank: int) -> PodSet:
+        """The pod set rank `rank` belongs to."""
+        start = 0
+        for pod_set in self.pod_sets:
+            if rank < start + pod_set.count:
+                return pod_set
+            start += pod_set.count
+        raise IndexError(f"{self.owner}: no rank {rank} in a gang of {self.pod_count} pods")
+
+    def companion_request(self, pod_set: PodSet, island_policy: TopologyPolicy) -> WorkerRequest:
+        """One GPU pod of a companion set, with the workers' class, model and memory."""
+        return WorkerRequest(
+            gpus=pod_set.gpus,
+            service_class=self.service_class,
+            gpu_memory_mib=self.gpu_memory_mib,
+            gpu_model=self.gpu_model,
+            island_policy=island_policy,
+            constraints=pod_set.constraints,
+        )
 
     def worker(self, island_policy: TopologyPolicy | None = None) -> WorkerRequest:
         return WorkerRequest(

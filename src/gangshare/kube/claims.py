@@ -21,6 +21,7 @@ from gangshare.core.annotations import (
     POD_GPU_MEMORY,
     POD_PLANNED_GPUS,
     RANK_LABEL,
+    REPLICA_GROUP_LABEL,
     SHARE_RESOURCE,
     AnnotationError,
     decode_gpu_indices,
@@ -30,7 +31,7 @@ from gangshare.core.job import ServiceClass
 from gangshare.kube.jobset import JOBSET_UID_LABEL
 from gangshare.kube.quantity import to_mib
 from gangshare.kube.scheduling import TERMINAL_POD_PHASES, gpu_devices, pod_constraints
-from gangshare.kube.trainingjob import GROUP, KIND, worker_pod_name
+from gangshare.kube.trainingjob import GROUP, KIND, group_pod_name, worker_pod_name
 
 HOLDING_PHASES = ("Admitted", "Running")
 
@@ -97,6 +98,28 @@ class JobHold:
     lift_committed: bool = False
     # A queued batch/v1 Job's (spec.jobRef): its workers are the Job's pods.
     batch: bool = False
+    # spec.replicaGroups: (first rank, group name, constraints) of each, in rank order.
+    groups: tuple[tuple[int, str, PodConstraints], ...] = ()
+
+    def group_of(self, rank: int) -> tuple[int, str, PodConstraints] | None:
+        """The replica group rank `rank` is in (None: a worker)."""
+        found = None
+        for group in self.groups:
+            if rank >= group[0]:
+                found = group
+        return found
+
+    def constraints_of(self, rank: int) -> PodConstraints:
+        group = self.group_of(rank)
+        return self.constraints if group is None else group[2]
+
+    def pod_name(self, rank: int) -> str:
+        """The name of a TrainingJob's own pod of this rank (the only name it may have)."""
+        job = self.key.partition("/")[2]
+        group = self.group_of(rank)
+        if group is None:
+            return worker_pod_name(job, rank)
+        return group_pod_name(job, group[1], rank - group[0])
 
     def rank_owner(self, rank: int) -> str:
         return f"{self.key}/{rank}"
@@ -148,11 +171,17 @@ def worker_identity(pod: dict[str, Any]) -> WorkerIdentity | None:
     )
     if controller is None:
         return None
+    # A replica group's pod is named by its group and index; which rank that is, the job's
+    # hold says (kube/ledger.py looks each rank's pod up by its one name).
+    group = labels.get(REPLICA_GROUP_LABEL)
+    named = meta.get("name") == worker_pod_name(job, int(rank)) or (
+        bool(group) and str(meta.get("name", "")).startswith(f"{job}-{group}-")
+    )
     own = (
         controller.get("kind") == KIND
         and str(controller.get("apiVersion", "")).startswith(f"{GROUP}/")
         and controller.get("name") == job
-        and meta.get("name") == worker_pod_name(job, int(rank))
+        and named
     )
     batch = controller.get("kind") == "Job" and controller.get("apiVersion") == "batch/v1"
     if not (own or batch):
@@ -189,11 +218,15 @@ def pod_facts(pod: dict[str, Any]) -> tuple[PodFacts | None, str | None]:
     if status.get("phase") in TERMINAL_POD_PHASES:
         return None, None
     asked = gpu_request(pod)
+    if asked is None and JOB_LABEL in (meta.get("labels") or {}):
+        # A gang's CPU-only pod (a launcher, a driver): no GPUs, but bound it is its rank's
+        # fact, so the plan stops holding its CPU beside the pod list's count of it.
+        asked = (ServiceClass.GUARANTEED, 0)
     if asked is None:
         return None, None
     owner = pod_owner(meta.get("namespace", "default"), meta.get("name", ""))
     node = spec.get("nodeName") or None
-    indices, warning = recorded_indices(pod, asked[1]) if node else (None, None)
+    indices, warning = recorded_indices(pod, asked[1]) if node and asked[1] else (None, None)
     memory = None
     raw = (meta.get("annotations") or {}).get(POD_GPU_MEMORY)
     if asked[0] is ServiceClass.OPPORTUNISTIC and raw and raw.isdigit():
@@ -231,7 +264,8 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
             (int(w["rank"]), str(w["node"]), tuple(int(g) for g in w.get("gpus") or []))
             for w in status["placement"]
         )
-    except (KeyError, TypeError, ValueError) as err:
+        groups = _hold_groups(spec)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         return None, f"{key}: status.placement or spec unreadable ({err})"
     template_spec = ((spec.get("template") or {}).get("spec")) or {}
     topology = spec.get("topology") or {}
@@ -258,6 +292,17 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
             islands_required,
             lift_committed,
             batch=ref is not None,
+            groups=groups,
         ),
         None,
     )
+
+
+def _hold_groups(spec: dict[str, Any]) -> tuple[tuple[int, str, PodConstraints], ...]:
+    first = int(spec.get("workers", 0) or 0)
+    found = []
+    for group in spec.get("replicaGroups") or []:
+        template_spec = ((group.get("template") or {}).get("spec")) or {}
+        found.append((first, str(group.get("name", "")), pod_constraints(template_spec)))
+        first += int(group.get("replicas", 0) or 0)
+    return tuple(found)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from gangshare.core.choose import choose_gpus
 from gangshare.core.cluster import AllocationError, Cluster
 from gangshare.core.constraints import UNCONSTRAINED
-from gangshare.core.fit import static_rejection
+from gangshare.core.fit import node_rejection, static_rejection
 from gangshare.core.job import ServiceClass, WorkerRequest
 from gangshare.core.node import NodeState
 from gangshare.kube.claims import Claim, ClaimKind
@@ -24,6 +24,8 @@ def hold_claim(cluster: Cluster, claim: Claim) -> str | None:
     plan = claim.kind is ClaimKind.PLAN
     if node is None:
         return f"{'planned ' if plan else ''}node {claim.node} no longer exists"
+    if claim.count == 0:
+        return _hold_cpu_only(cluster, node, claim)
     request = WorkerRequest(
         claim.count,
         claim.service_class,
@@ -51,6 +53,16 @@ def hold_claim(cluster: Cluster, claim: Claim) -> str | None:
             else f"recorded GPUs {list(indices)} taken; counted as {list(fallback)}"
         )
     return f"no room left on {node.name} for its {claim.count} GPU(s)"
+
+
+def _hold_cpu_only(cluster: Cluster, node: NodeState, claim: Claim) -> str | None:
+    """A gang's CPU-only pod (a launcher, a driver): a plan holds its CPU and memory on a node
+    that still takes it; bound, the pod list counts them."""
+    if claim.kind is ClaimKind.PLAN:
+        unusable = node_rejection(node, claim.constraints or UNCONSTRAINED)
+        if unusable is not None:
+            return f"planned node {node.name}: {unusable.reason}"
+    return None if _allocate(cluster, claim, ()) else f"cannot hold {claim.owner} on {node.name}"
 
 
 def _allocate(cluster: Cluster, claim: Claim, indices: tuple[int, ...]) -> bool:

@@ -1,11 +1,14 @@
 """A JobSet (sigs.k8s.io/jobset) queued by gangshare as one gang (pure; kube/queued.py shares).
 
-The gang is every pod of every replicated job: sum of `replicas` x `parallelism`. Its pods are
-alike (the same GPUs, the same scheduling constraints), as a TrainingJob's workers are. A pod's
-rank runs through the replicated jobs in order: the replicated job's offset, plus its job index
-times its parallelism, plus the pod's completion index. JobSet's own controller suspends and
-resumes the child Jobs, copies the pod template's labels and scheduling gates onto them when it
-resumes them, and clears their start time first, so a JobSet's templates stay preparable.
+The gang is every pod of every replicated job: sum of `replicas` x `parallelism`. Its workers
+are the replicated jobs alike with the first that asks GPUs; every other replicated job (a
+CPU-only driver beside GPU workers, as in JobSet's own driver/worker pattern, or workers of
+another shape) is a pod set of the same gang, placed with it all or nothing. A pod's rank runs
+through the workers' replicated jobs, then the others, each in listed order: the replicated
+job's offset, plus its job index times its parallelism, plus the pod's completion index.
+JobSet's own controller suspends and resumes the child Jobs, copies the pod template's labels
+and scheduling gates onto them when it resumes them, and clears their start time first, so a
+JobSet's templates stay preparable.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from gangshare.kube.queued_writes import (
     suspended_condition,
     template_gated,
 )
-from gangshare.kube.trainingjob import InvalidSpec
+from gangshare.kube.trainingjob import InvalidSpec, ReplicaGroup
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 PREFIX = "jobset-"
@@ -70,49 +73,77 @@ def _shape(replicated: Mapping[str, Any], path: str) -> tuple[int, int]:
     return replicas, parallelism
 
 
-def parse_queued_jobset(jobset: Mapping[str, Any]) -> QueuedJobSpec:
-    """The gang a labelled JobSet is; InvalidSpec names the JobSet's field."""
-    meta = jobset.get("metadata") or {}
+def _asks(jobset: Mapping[str, Any]) -> list[tuple[dict[str, Any], int, dict[str, Any], int]]:
+    """(replicated job, pods, scheduling template, GPUs per pod) of each, in listed order."""
     ask = queue_ask(jobset)
-    name = str(meta.get("name", ""))
-    own = workload_name(name, PREFIX)
-    replicated = _replicated(jobset)
-    if not replicated:
-        raise InvalidSpec("spec.replicatedJobs: at least one replicated job is required")
-    workers, gpus, first = 0, None, None
-    for position, item in enumerate(replicated):
+    own = workload_name(str((jobset.get("metadata") or {}).get("name", "")), PREFIX)
+    found = []
+    for position, item in enumerate(_replicated(jobset)):
         path = f"spec.replicatedJobs[{position}]"
         replicas, parallelism = _shape(item, path)
-        workers += replicas * parallelism
         template = _pod_template(item)
-        asked = gang_pod_gpus(template, f"{path}.template.spec.template", own, ask.service_class)
-        placed = scheduling_template(template)
-        if gpus is None:
-            gpus, first = asked, placed
-        elif asked != gpus or placed != first:
-            raise InvalidSpec(
-                f"{path}.template.spec.template: a gang's pods are alike; this replicated job's "
-                "pods ask other GPUs, requests or placement constraints than the first's"
-            )
-    if workers > 1024:
-        raise InvalidSpec(f"spec.replicatedJobs: a gang has at most 1024 pods, this has {workers}")
-    assert gpus is not None
+        gpus = gang_pod_gpus(
+            template, f"{path}.template.spec.template", own, ask.service_class, cpu_only=True
+        )
+        found.append((item, replicas * parallelism, scheduling_template(template), gpus))
+    return found
+
+
+def _in_rank_order(
+    asks: list[tuple[dict[str, Any], int, dict[str, Any], int]],
+) -> tuple[list[int], list[int]]:
+    """(the workers' replicated jobs, the others), as positions: the workers are every
+    replicated job alike with the first that asks GPUs (the same GPUs, requests and placement
+    constraints); each other one is a pod set of its own, ranked after them in listed order."""
+    first = next((a for a in asks if a[3] > 0), None)
+    if first is None:
+        return [], list(range(len(asks)))
+    alike = [i for i, a in enumerate(asks) if (a[2], a[3]) == (first[2], first[3])]
+    return alike, [i for i in range(len(asks)) if i not in alike]
+
+
+def parse_queued_jobset(jobset: Mapping[str, Any]) -> QueuedJobSpec:
+    """The gang a labelled JobSet is; InvalidSpec names the JobSet's field. Its GPU workers are
+    the replicated jobs alike with the first that asks GPUs; any other replicated job (a
+    CPU-only driver, workers of another shape) is a pod set of the same gang."""
+    meta = jobset.get("metadata") or {}
+    ask = queue_ask(jobset)
+    asks = _asks(jobset)
+    if not asks:
+        raise InvalidSpec("spec.replicatedJobs: at least one replicated job is required")
+    workers_at, others_at = _in_rank_order(asks)
+    if not workers_at:
+        raise InvalidSpec(
+            "spec.replicatedJobs[].template.spec.template.spec.containers[0].resources: a queued "
+            "JobSet asks for GPUs in the first container of at least one replicated job's pods"
+        )
+    total = sum(a[1] for a in asks)
+    if total > 1024:
+        raise InvalidSpec(f"spec.replicatedJobs: a gang has at most 1024 pods, this has {total}")
+    first = asks[workers_at[0]]
+    groups = tuple(
+        ReplicaGroup(
+            str(asks[i][0].get("name", "")), asks[i][1], asks[i][3], _pod_template(asks[i][0])
+        )
+        for i in others_at
+    )
     return QueuedJobSpec(
         namespace=str(meta.get("namespace", "")),
-        name=name,
+        name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         queue=ask.queue,
         service_class=ask.service_class,
         priority=ask.priority,
-        workers=workers,
-        gpus_per_worker=gpus,
+        workers=sum(asks[i][1] for i in workers_at),
+        gpus_per_worker=first[3],
         indexed=True,
         topology=ask.topology,
         runtime_estimate_seconds=ask.runtime_estimate_seconds,
-        template=_pod_template(replicated[0]),
+        template=_pod_template(first[0]),
         api_version=API_VERSION,
         kind="JobSet",
         prefix=PREFIX,
+        groups=groups,
     )
 
 
@@ -179,13 +210,20 @@ def resume_patch(jobset: Mapping[str, Any], workload_job: str, attempt: int) -> 
 
 
 def pod_rank(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> int | None:
-    """Replicated jobs in order, then the child Job's index, then the pod's completion index."""
+    """The workers' replicated jobs in order, then each other one (parse_queued_jobset's
+    order); within one, the child Job's index, then the pod's completion index."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     index, completion = label_int(pod, JOB_INDEX_LABEL), label_int(pod, COMPLETION_INDEX_LABEL)
     if index is None or completion is None:
         return None
+    try:
+        asks = _asks(jobset)
+    except InvalidSpec:
+        return None
+    workers_at, others_at = _in_rank_order(asks)
     offset = 0
-    for item in _replicated(jobset):
+    for position in workers_at + others_at:
+        item = asks[position][0]
         replicas, parallelism = _shape(item, "spec.replicatedJobs[]")
         if item.get("name") == labels.get(REPLICATED_JOB_LABEL):
             if index >= replicas or completion >= parallelism:

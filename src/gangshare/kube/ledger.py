@@ -36,7 +36,6 @@ from gangshare.kube.claims import (
     pod_owner,
 )
 from gangshare.kube.holding import hold_node_claims
-from gangshare.kube.trainingjob import worker_pod_name
 
 # Stands for a pod the ledger has no facts for (None means it has: none).
 _UNSEEN: object = object()
@@ -308,7 +307,12 @@ class Ledger:
         """An unverified pod claims its GPUs once bound; a verified worker is its job's claim."""
         facts = self._pods.get(owner)
         claim = None
-        if facts is not None and facts.node is not None and self.verified_worker(facts) is None:
+        if (
+            facts is not None
+            and facts.node is not None
+            and facts.count > 0  # a CPU-only pod is counted by the pod list alone
+            and self.verified_worker(facts) is None
+        ):
             claim = Claim(
                 owner,
                 ClaimKind.FACT,
@@ -343,14 +347,14 @@ class Ledger:
         worker is found by name (`<job>-worker-<rank>`, the only name a worker may have), a
         queued Job's among the pods that name its rank."""
         owner = hold.rank_owner(rank)
-        namespace, _, job = hold.key.partition("/")
+        namespace = hold.key.partition("/")[0]
         if hold.batch:
             named = self._ranked.get((hold.key, rank), set())
             found = [self._pods[o] for o in sorted(named) if o in self._pods]
             bound = [f for f in found if f.node is not None and self.verified_worker(f) is hold]
             worker = bound[0] if bound else None
         else:
-            worker = self._pods.get(pod_owner(namespace, worker_pod_name(job, rank)))
+            worker = self._pods.get(pod_owner(namespace, hold.pod_name(rank)))
         if (
             worker is not None
             and worker.node is not None
@@ -376,10 +380,10 @@ class Ledger:
             hold.service_class,
             len(gpus),
             gpus,
-            hold.memory_mib,
-            hold.constraints.resources,
+            hold.memory_mib if gpus else None,
+            hold.constraints_of(rank).resources,
             hold.key,
-            hold.constraints,
+            hold.constraints_of(rank),
         )
 
     def _put(self, owner: str, claim: Claim | None) -> None:

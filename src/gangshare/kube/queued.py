@@ -33,7 +33,7 @@ from gangshare.core.annotations import (
 )
 from gangshare.core.job import ServiceClass
 from gangshare.kube.scheduling import GPU_RESOURCES, container_gpus
-from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, InvalidSpec
+from gangshare.kube.trainingjob import API_VERSION, GROUP, KIND, InvalidSpec, ReplicaGroup
 
 QUEUE_LABEL = f"{GROUP}/queue"
 SERVICE_CLASS_LABEL = f"{GROUP}/service-class"
@@ -117,6 +117,9 @@ class QueuedJobSpec:
     api_version: str = "batch/v1"
     kind: str = "Job"
     prefix: str = "job-"
+    # Its pods unlike the workers (a JobSet's CPU-only driver, say), ranked after them in this
+    # order: its TrainingJob's spec.replicaGroups.
+    groups: tuple[ReplicaGroup, ...] = ()
 
     @property
     def key(self) -> str:
@@ -172,10 +175,15 @@ def queue_ask(obj: Mapping[str, Any]) -> QueueAsk:
 
 
 def gang_pod_gpus(
-    template: Mapping[str, Any], path: str, own: str, service_class: ServiceClass
+    template: Mapping[str, Any],
+    path: str,
+    own: str,
+    service_class: ServiceClass,
+    cpu_only: bool = False,
 ) -> int:
     """The GPUs one pod of the gang asks (its first container's), after the template is
-    checked; `path` is where the template is in the object (for the error's field)."""
+    checked; `path` is where the template is in the object (for the error's field).
+    `cpu_only`: the pod may ask none (a pod set beside the workers)."""
     pod = template.get("spec") or {}
     containers = pod.get("containers") or []
     if not containers or not isinstance(containers[0], dict):
@@ -186,7 +194,7 @@ def gang_pod_gpus(
             f"{path}.spec.nodeName: gangshare places every pod; use nodeSelector or node "
             "affinity to restrict where"
         )
-    return _first_container_gpus(pod, service_class, path)
+    return _first_container_gpus(pod, service_class, path, cpu_only)
 
 
 def _int_text(raw: Any, field: str) -> int:
@@ -216,7 +224,9 @@ def _refuse_gangshare_keys(template: Mapping[str, Any], own: str, path: str) -> 
             )
 
 
-def _first_container_gpus(pod: Mapping[str, Any], service_class: ServiceClass, path: str) -> int:
+def _first_container_gpus(
+    pod: Mapping[str, Any], service_class: ServiceClass, path: str, cpu_only: bool
+) -> int:
     wanted = GPU_RESOURCE if service_class is ServiceClass.GUARANTEED else SHARE_RESOURCE
     first = pod["containers"][0]
     for resource in sorted(GPU_RESOURCES - {wanted}):
@@ -226,7 +236,7 @@ def _first_container_gpus(pod: Mapping[str, Any], service_class: ServiceClass, p
                 f"for {wanted}, not {resource} (label {SERVICE_CLASS_LABEL})"
             )
     count = container_gpus(first, wanted)
-    if not count:
+    if not count and not cpu_only:
         raise InvalidSpec(
             f"{path}.spec.containers[0].resources.limits[{wanted}]: a queued gang asks for "
             "GPUs in its pods' first container"
@@ -267,6 +277,16 @@ def workload(spec: QueuedJobSpec) -> dict[str, Any]:
         "template": scheduling_template(spec.template),
         "jobRef": ref,
     }
+    if spec.groups:
+        body["replicaGroups"] = [
+            {
+                "name": group.name,
+                "replicas": group.replicas,
+                "gpus": group.gpus,
+                "template": scheduling_template(group.template),
+            }
+            for group in spec.groups
+        ]
     if spec.topology:
         body["topology"] = dict(spec.topology)
     if spec.runtime_estimate_seconds is not None:

@@ -36,16 +36,33 @@ def shape_change(
         changes.append(f"{held.get('workers')} pods became {asked.workers}")
     if asked.gpus_per_worker != held.get("gpusPerWorker"):
         changes.append(f"{held.get('gpusPerWorker')} GPUs per pod became {asked.gpus_per_worker}")
-    wanted = scheduling_template(asked.template).get("spec") or {}
-    had = (held.get("template") or {}).get("spec") or {}
-    changes += [
-        f"its pods' {key} changed"
-        for key in PLACEMENT_KEYS
-        if (wanted.get(key) or None) != (had.get(key) or None)
-    ]
+    changes += _placement_changes("its pods'", asked.template, held.get("template"))
+    had_groups = {g.get("name"): g for g in held.get("replicaGroups") or []}
+    if [g.name for g in asked.groups] != list(had_groups):
+        changes.append(f"its pod sets {list(had_groups)} became {[g.name for g in asked.groups]}")
+    for group in asked.groups:
+        had = had_groups.get(group.name) or {}
+        if (group.replicas, group.gpus) != (had.get("replicas"), had.get("gpus")):
+            changes.append(
+                f"pod set {group.name}: {had.get('replicas')} x {had.get('gpus')} GPU(s) became "
+                f"{group.replicas} x {group.gpus}"
+            )
+        changes += _placement_changes(
+            f"pod set {group.name}'s", group.template, had.get("template")
+        )
     if not changes:
         return None
     return (
         f"the {kind.kind} was changed after it was queued ({'; '.join(changes)}): a gang keeps "
         "the shape it was queued with and is never run in part; delete it and create it again"
     )
+
+
+def _placement_changes(whose: str, template: Mapping[str, Any], held: Any) -> list[str]:
+    wanted = scheduling_template(template).get("spec") or {}
+    had = ((held or {}).get("spec") or {}) if isinstance(held, dict) else {}
+    return [
+        f"{whose} {key} changed"
+        for key in PLACEMENT_KEYS
+        if (wanted.get(key) or None) != (had.get(key) or None)
+    ]

@@ -123,9 +123,11 @@ def ungate_patch(
     write, refused if the pod changed since it was read."""
     node, gpus = placed
     spec = pod.get("spec") or {}
-    annotations = {POD_PLANNED_NODE: node, POD_PLANNED_GPUS: encode_gpu_indices(gpus)}
-    if memory_mib is not None:
-        annotations[POD_GPU_MEMORY] = str(memory_mib)
+    annotations = {POD_PLANNED_NODE: node}
+    if gpus:  # a CPU-only pod of the gang (a JobSet's driver) is planned a node only
+        annotations[POD_PLANNED_GPUS] = encode_gpu_indices(gpus)
+        if memory_mib is not None:
+            annotations[POD_GPU_MEMORY] = str(memory_mib)
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != GANG_GATE]
     patch = {
         "metadata": {

@@ -7,18 +7,25 @@ so they can land in a Failed condition instead of a crash loop.
 
 from __future__ import annotations
 
-import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangshare.core.annotations import is_reserved_key
 from gangshare.core.constraints import UNCONSTRAINED, PodConstraints
-from gangshare.core.job import GangRequest, ServiceClass, Topology, TopologyPolicy, TopologyScope
+from gangshare.core.job import (
+    GangRequest,
+    PodSet,
+    ServiceClass,
+    Topology,
+    TopologyPolicy,
+    TopologyScope,
+)
 from gangshare.core.queueing import PodPriority, QueuedJob
 from gangshare.kube.quantity import QuantityError, to_mib
-from gangshare.kube.scheduling import GPU_RESOURCES, container_gpus, pod_constraints
+from gangshare.kube.scheduling import pod_constraints
+from gangshare.kube.template_checks import InvalidSpec as InvalidSpec
+from gangshare.kube.template_checks import check_template, checkpoint_path
 
 GROUP = "gangshare.io"
 VERSION = "v1alpha1"
@@ -46,8 +53,20 @@ def worker_pod_name(job: str, rank: int) -> str:
     return f"{job}-worker-{rank}"
 
 
-class InvalidSpec(ValueError):
-    """A spec the operator cannot run; the message starts with the field path."""
+def group_pod_name(job: str, group: str, index: int) -> str:
+    """A replica group's pod name and hostname (spec.replicaGroups)."""
+    return f"{job}-{group}-{index}"
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """One of spec.replicaGroups: pods of their own shape beside the workers."""
+
+    name: str
+    replicas: int
+    gpus: int
+    template: dict[str, Any]
+    constraints: PodConstraints = field(default=UNCONSTRAINED)
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,8 @@ class TrainingJobSpec:
     # spec.jobRef: the batch/v1 Job whose pods are this job's workers (kube/batchjob.py); the
     # TrainingJob is then only its place in the queue, as a Kueue Workload is.
     job_ref: JobRef | None = None
+    # spec.replicaGroups: the gang's other pods, ranked after the workers in this order.
+    groups: tuple[ReplicaGroup, ...] = ()
 
     @property
     def key(self) -> str:
@@ -93,7 +114,27 @@ class TrainingJobSpec:
 
     @property
     def total_gpus(self) -> int:
-        return self.workers * self.gpus_per_worker
+        return self.workers * self.gpus_per_worker + sum(g.replicas * g.gpus for g in self.groups)
+
+    @property
+    def pod_count(self) -> int:
+        """Every pod of the gang: its workers and its replica groups' pods."""
+        return self.workers + sum(g.replicas for g in self.groups)
+
+    def group_of(self, rank: int) -> tuple[ReplicaGroup, int] | None:
+        """The replica group rank `rank` belongs to and its index there; None for a worker."""
+        start = self.workers
+        for group in self.groups:
+            if start <= rank < start + group.replicas:
+                return group, rank - start
+            start += group.replicas
+        return None
+
+    def pod_name(self, rank: int) -> str:
+        found = self.group_of(rank)
+        if found is None:
+            return worker_pod_name(self.name, rank)
+        return group_pod_name(self.name, found[0].name, found[1])
 
     @property
     def queued_as(self) -> dict[str, Any]:
@@ -123,6 +164,10 @@ class TrainingJobSpec:
             self.constraints,
             # A Job's template fixes its GPU resource: borrowing cannot move it to share slots.
             whole_gpus=self.job_ref is not None,
+            companions=tuple(
+                PodSet(g.name, g.replicas, g.gpus, g.constraints) for g in self.groups
+            ),
+            worker_set="worker",
         )
 
     def queued(
@@ -199,7 +244,10 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
     )
     if not isinstance(template, dict) or not isinstance(containers, list) or not containers:
         raise InvalidSpec("spec.template.spec.containers: at least one container is required")
-    _check_template(template)
+    check_template(template, "spec.template")
+    workers = _int(spec, "workers", None, 1, 1024) or _missing("spec.workers")
+    # A queued object's pods are named by its controller: only a TrainingJob's own need room.
+    groups = _replica_groups(spec.get("replicaGroups"), name, workers, "jobRef" not in spec)
     tolerance = spec.get("slowdownTolerance", DEFAULT_SLOWDOWN_TOLERANCE)
     if not isinstance(tolerance, int | float) or not 0 <= tolerance <= 1:
         raise InvalidSpec(f"spec.slowdownTolerance: must be between 0 and 1, got {tolerance!r}")
@@ -212,7 +260,7 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         service_class=service_class,
         queue=str(spec.get("queue", "default")),
         priority=_int(spec, "priority", 0, -1000000, 1000000) or 0,
-        workers=_int(spec, "workers", None, 1, 1024) or _missing("spec.workers"),
+        workers=workers,
         gpus_per_worker=_int(spec, "gpusPerWorker", None, 1, 64) or _missing("spec.gpusPerWorker"),
         gpu_memory_mib=memory,
         gpu_model=spec.get("gpuModel") or None,
@@ -223,9 +271,54 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         slowdown_tolerance=float(tolerance),
         template=template,
         constraints=pod_constraints(template["spec"]),
-        checkpoint_path=_checkpoint_path(spec.get("checkpoint"), template["spec"]),
+        checkpoint_path=checkpoint_path(spec.get("checkpoint"), template["spec"]),
         job_ref=_job_ref(spec.get("jobRef")),
+        groups=groups,
     )
+
+
+def _replica_groups(raw: Any, job: str, workers: int, own_pods: bool) -> tuple[ReplicaGroup, ...]:
+    """spec.replicaGroups read and checked as the CRD's schema does (the second line)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > 8:
+        raise InvalidSpec("spec.replicaGroups: a list of at most 8 groups")
+    groups: list[ReplicaGroup] = []
+    pods = workers
+    for position, item in enumerate(raw):
+        path = f"spec.replicaGroups[{position}]"
+        if not isinstance(item, dict):
+            raise InvalidSpec(f"{path}: must be an object")
+        name = item.get("name")
+        if not isinstance(name, str) or not NAME_PATTERN.match(name) or len(name) > 63:
+            raise InvalidSpec(f"{path}.name: a DNS-1035 label of at most 63 characters")
+        if name == "worker" or any(g.name == name for g in groups):
+            raise InvalidSpec(f"{path}.name: {name!r} names another group (or the workers)")
+        try:
+            replicas = _int(item, "replicas", None, 1, 1024)
+            gpus = _int(item, "gpus", 0, 0, 64) or 0
+        except InvalidSpec as err:  # _int names spec.<field>: this is the group's
+            raise InvalidSpec(str(err).replace("spec.", f"{path}.", 1)) from None
+        template = item.get("template")
+        containers = (
+            (template.get("spec") or {}).get("containers") if isinstance(template, dict) else None
+        )
+        if not isinstance(template, dict) or not isinstance(containers, list) or not containers:
+            raise InvalidSpec(
+                f"{path}.template.spec.containers: at least one container is required"
+            )
+        check_template(template, f"{path}.template")
+        if replicas is None:
+            raise InvalidSpec(f"{path}.replicas: required")
+        pods += replicas
+        if own_pods and len(f"{job}-{name}-{replicas - 1}") > 63:
+            raise InvalidSpec(f"{path}.name: {job}-{name}-N must fit a 63-character hostname")
+        groups.append(
+            ReplicaGroup(name, replicas, gpus, template, pod_constraints(template["spec"]))
+        )
+    if pods > 1024:
+        raise InvalidSpec(f"spec.replicaGroups: a gang has at most 1024 pods, this has {pods}")
+    return tuple(groups)
 
 
 def _job_ref(raw: Any) -> JobRef | None:
@@ -240,100 +333,6 @@ def _job_ref(raw: Any) -> JobRef | None:
             f"this way, got {raw.get('apiVersion')} {raw.get('kind')}"
         )
     return JobRef(str(raw["apiVersion"]), str(raw["kind"]), str(raw["name"]), str(raw["uid"]))
-
-
-def _check_template(template: dict[str, Any]) -> None:
-    """What a template may not say: it must not claim gangshare's own bookkeeping (planned
-    node and GPUs, assignments, job and rank labels) nor pick its node itself."""
-    meta = template.get("metadata") or {}
-    for kind in ("labels", "annotations"):
-        for key in meta.get(kind) or {}:
-            # Only the simulation markers are a tenant's to set, and only as annotations.
-            if is_reserved_key(str(key)) or (kind == "labels" and str(key).startswith(GROUP + "/")):
-                raise InvalidSpec(
-                    f"spec.template.metadata.{kind}: {key} is reserved for gangshare "
-                    "(keys under gangshare.io/ are written by gangshare itself)"
-                )
-    pod = template.get("spec") or {}
-    if pod.get("nodeName"):
-        raise InvalidSpec(
-            "spec.template.spec.nodeName: gangshare places every worker; use nodeSelector or "
-            "node affinity to restrict where"
-        )
-    _check_gpus_outside_first_container(pod)
-
-
-def _check_gpus_outside_first_container(pod: dict[str, Any]) -> None:
-    """GPUs belong to the first container, which gangshare sets from spec.gpusPerWorker; any
-    other container's (a sidecar's above all: the kubelet gives it devices of its own) would
-    be GPUs the job holds beyond what it was queued, admitted and planned for."""
-    kinds = [
-        ("initContainers", pod.get("initContainers") or []),
-        ("containers", (pod.get("containers") or [])[1:]),
-    ]
-    for kind, containers in kinds:
-        first = 1 if kind == "containers" else 0
-        for position, container in enumerate(containers, start=first):
-            if not isinstance(container, dict):
-                continue
-            for resource in sorted(GPU_RESOURCES):
-                if container_gpus(container, resource):
-                    raise InvalidSpec(
-                        f"spec.template.spec.{kind}[{position}].resources: may not ask for "
-                        f"{resource}; only the first container gets GPUs, set by gangshare "
-                        "from spec.gpusPerWorker"
-                    )
-
-
-# Volumes that die with the pod, or cannot be written: no checkpoint survives on them.
-_NO_CHECKPOINT_VOLUMES = {
-    "emptyDir": "is deleted with the pod",
-    "ephemeral": "is deleted with the pod",
-    "configMap": "is read-only",
-    "secret": "is read-only",
-    "downwardAPI": "is read-only",
-    "projected": "is read-only",
-}
-
-
-def _checkpoint_path(raw: Any, pod: dict[str, Any]) -> str | None:
-    """spec.checkpoint.path, normalised; it must be on a writable volume of the first container
-    that outlives the pod, or the next attempt would find nothing there."""
-    if raw is None:
-        return None
-    path = raw.get("path") if isinstance(raw, dict) else None
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise InvalidSpec(f"spec.checkpoint.path: must be an absolute path, got {path!r}")
-    path = posixpath.normpath(path)
-    first = pod["containers"][0] if isinstance(pod["containers"][0], dict) else {}
-    mounts = [
-        m
-        for m in (first.get("volumeMounts") or [])
-        if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
-    ]
-    under = [m for m in mounts if _is_under(path, posixpath.normpath(m["mountPath"]))]
-    if not under:
-        raise InvalidSpec(
-            f"spec.checkpoint.path: {path} is on no volume of the first container "
-            "(spec.template.spec.containers[0].volumeMounts); checkpoints must outlive the pod: "
-            "mount a PersistentVolumeClaim (or a hostPath on one node) at or above it"
-        )
-    mount = max(under, key=lambda m: len(posixpath.normpath(m["mountPath"])))
-    volumes = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
-    volume = volumes.get(mount.get("name")) or {}
-    why = "is mounted read-only" if mount.get("readOnly") else None
-    why = why or next((w for kind, w in _NO_CHECKPOINT_VOLUMES.items() if kind in volume), None)
-    if why is not None:
-        raise InvalidSpec(
-            f"spec.checkpoint.path: {path} is on volume {mount.get('name')!r}, which {why}; "
-            "checkpoints need a writable volume that outlives the pod (a PersistentVolumeClaim, "
-            "or a hostPath on one node)"
-        )
-    return path
-
-
-def _is_under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _missing(field: str) -> int:

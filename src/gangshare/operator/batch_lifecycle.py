@@ -221,14 +221,14 @@ def _advance(
         for w in status.get("placement") or []
     }
     committed = _is_true(status, "GangScheduled")
-    if not committed and len(live) < spec.workers:
+    if not committed and len(live) < spec.pod_count:
         return  # the Job controller is still making the gang's pods
     memory = spec.gpu_memory_mib if decided is ServiceClass.OPPORTUNISTIC else None
     ranked = [(p, kind.pod_rank(p, job)) for p in live]
-    actions.ungate = _ungates(ranked, placement, spec.workers, attempt, decided, memory)
+    actions.ungate = _ungates(ranked, placement, spec.pod_count, attempt, decided, memory)
     if not committed:
         message = (
-            f"all {spec.workers} pods of the {kind.kind} exist; scheduling gates lifted together"
+            f"all {spec.pod_count} pods of the {kind.kind} exist; scheduling gates lifted together"
         )
         commit = Actions()
         commit_lift(status, message, seen.now, gen, commit)
@@ -241,9 +241,9 @@ def _advance(
         and (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
     ]
     done = [p for p in of_attempt(kind, seen.pods, job, attempt) if pod_phase(p) == "Succeeded"]
-    if status.get("phase") == "Admitted" and len(started) + len(done) >= spec.workers:
+    if status.get("phase") == "Admitted" and len(started) + len(done) >= spec.pod_count:
         running = Actions()
-        message = f"all {spec.workers} pods of the {kind.kind} running"
+        message = f"all {spec.pod_count} pods of the {kind.kind} running"
         start_running(status, message, seen.now, gen, running)
         actions.take(running)
 
@@ -274,7 +274,7 @@ def _released(
         release, later = release_broken(
             status,
             current,
-            spec.workers,
+            spec.pod_count,
             observed,
             limits.unschedulable_seconds,
             backoff_base_seconds,

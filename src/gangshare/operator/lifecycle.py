@@ -130,7 +130,10 @@ def job_needs_reconcile(job: Mapping[str, Any]) -> bool:
 def enqueue(
     spec: TrainingJobSpec, status: dict[str, Any], now: float, gen: int, first: bool
 ) -> Actions:
-    message = f"waiting for {spec.workers}x{spec.gpus_per_worker} GPUs in queue {spec.queue}"
+    groups = "".join(f" + {g.replicas}x{g.gpus} ({g.name})" for g in spec.groups)
+    message = (
+        f"waiting for {spec.pod_count}x{spec.gpus_per_worker}{groups} GPUs in queue {spec.queue}"
+    )
     patch: dict[str, Any] = {
         "phase": "Queued",
         "queuedAt": iso(now),
@@ -189,7 +192,9 @@ class _Gang:
 def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     spec, status, current, seen, gen = gang.spec, gang.status, gang.current, gang.seen, gang.gen
     created = _is_true(status, "GangScheduled")
-    lone = None if created else lone_worker_committed(status, current, spec.workers, seen.now, gen)
+    lone = (
+        None if created else lone_worker_committed(status, current, spec.pod_count, seen.now, gen)
+    )
     if lone is not None:
         status, created = lone, True
     if requeue_evicted(status, current, seen.now, gen, actions):
@@ -199,7 +204,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     if requeue_off_island(status, current, seen, gen, actions, gang.retry.backoff_base_seconds):
         return
     failure = detect_failure(
-        spec.workers,
+        spec.pod_count,
         current,
         created,
         seen.now,
@@ -212,11 +217,11 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     pulling = pull_grace_left(current, seen.now, gang.limits.image_pull_grace_seconds)
     if pulling is not None:
         wake(actions, pulling)
-    if status.get("phase") == "Admitted" and not _all_bound(current, spec.workers):
+    if status.get("phase") == "Admitted" and not _all_bound(current, spec.pod_count):
         release, later = release_before_start(
             status,
             current,
-            spec.workers,
+            spec.pod_count,
             seen,
             gang.limits.start_timeout_seconds,
             gang.limits.unschedulable_seconds,
@@ -228,16 +233,16 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
         if later is not None:
             wake(actions, later)
         if created:
-            actions.nudge_pods = gang_nudges(current, spec.workers)
+            actions.nudge_pods = gang_nudges(current, spec.pod_count)
     placement = {int(w["rank"]): w for w in status.get("placement") or []}
     if not created:
-        if not seen.has_service and spec.workers > 1:
+        if not seen.has_service and spec.pod_count > 1:
             # Only a gang's workers look each other up; a lone worker is its own master, and its
             # Service (with the Endpoints and EndpointSlice it makes) was three of the API
             # server's twenty requests per one-GPU job (bench/scale.py).
             actions.create_service = headless_service(spec)
         taken = {_name(p): p for p in gang.stale}
-        for rank in range(spec.workers):
+        for rank in range(spec.pod_count):
             if rank not in current and rank in placement:
                 worker = placement[rank]
                 pod = worker_pod(
@@ -254,18 +259,18 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
                     actions.create_pods.append(pod)
                 else:
                     _wait_for_name(holder, seen.now, actions)
-        if len(current) == spec.workers:
+        if len(current) == spec.pod_count:
             # The whole gang exists: commit to starting it (the status, written first, is what
             # the gang barrier passes on), then release every gate in one step.
             actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
-            message = f"all {spec.workers} workers created; scheduling gates lifted together"
+            message = f"all {spec.pod_count} pods created; scheduling gates lifted together"
             commit_lift(status, message, seen.now, gen, actions)
         return
     # Committed but interrupted (the operator stopped between two lifts): finish the lift.
     actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
     phases = [p.get("status", {}).get("phase") for p in current.values()]
-    if len(current) == spec.workers and all(ph == "Succeeded" for ph in phases):
-        message = f"all {spec.workers} workers succeeded"
+    if len(current) == spec.pod_count and all(ph == "Succeeded" for ph in phases):
+        message = f"all {spec.pod_count} pods succeeded"
         conditions = set_condition(
             status.get("conditions"), "Completed", True, "Succeeded", message, seen.now, gen
         )
@@ -282,7 +287,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
         )
         actions.events.append(Event("Normal", "Completed", message))
     elif status.get("phase") == "Admitted" and all(ph in ("Running", "Succeeded") for ph in phases):
-        start_running(status, f"all {spec.workers} workers running", seen.now, gen, actions)
+        start_running(status, f"all {spec.pod_count} pods running", seen.now, gen, actions)
 
 
 def commit_lift(

@@ -21,6 +21,7 @@ from gangshare.core.annotations import (
     POD_PLANNED_GPUS,
     POD_PLANNED_NODE,
     RANK_LABEL,
+    REPLICA_GROUP_LABEL,
     SHARE_RESOURCE,
     encode_gpu_indices,
 )
@@ -31,7 +32,6 @@ from gangshare.kube.trainingjob import (
     KIND,
     OPPORTUNISTIC_MAX_GRACE_SECONDS,
     TrainingJobSpec,
-    worker_pod_name,
 )
 
 # Kubernetes' terminationGracePeriodSeconds when a pod sets none.
@@ -41,7 +41,7 @@ MASTER_PORT = 29500
 
 
 def pod_name(job: TrainingJobSpec, rank: int) -> str:
-    return worker_pod_name(job.name, rank)
+    return job.pod_name(rank)
 
 
 def owner_reference(job: TrainingJobSpec) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def rendezvous_env(job: TrainingJobSpec, rank: int) -> dict[str, str]:
     Service) is its own, by the hostname the kubelet writes into its /etc/hosts."""
     master = (
         f"{pod_name(job, 0)}.{job.name}.{job.namespace}.svc"
-        if job.workers > 1
+        if job.pod_count > 1
         else pod_name(job, 0)
     )
     env = {
@@ -95,7 +95,11 @@ def worker_pod(
     scheduler_name: str = SCHEDULER_NAME,
     resume_step: int | None = None,
 ) -> dict[str, Any]:
-    template = copy.deepcopy(job.template)
+    """The pod of one rank: a worker, or a replica group's pod (its own template and GPUs, a
+    CPU-only one with none), all behind the one gang gate."""
+    group = job.group_of(rank)
+    template = copy.deepcopy(job.template if group is None else group[0].template)
+    per_pod = job.gpus_per_worker if group is None else group[0].gpus
     meta = template.get("metadata") or {}
     spec = template["spec"]
     labels = {
@@ -105,15 +109,15 @@ def worker_pod(
         CLASS_LABEL: job.service_class.value,
         ATTEMPT_LABEL: str(attempt),
     }
-    annotations = {
-        **(meta.get("annotations") or {}),
-        POD_PLANNED_NODE: node,
-        POD_PLANNED_GPUS: encode_gpu_indices(gpus),
-    }
-    if job.gpu_memory_mib is not None:
-        annotations[POD_GPU_MEMORY] = str(job.gpu_memory_mib)
+    if group is not None:
+        labels[REPLICA_GROUP_LABEL] = group[0].name
+    annotations = {**(meta.get("annotations") or {}), POD_PLANNED_NODE: node}
+    if per_pod:
+        annotations[POD_PLANNED_GPUS] = encode_gpu_indices(gpus)
+        if job.gpu_memory_mib is not None:
+            annotations[POD_GPU_MEMORY] = str(job.gpu_memory_mib)
     spec["schedulerName"] = scheduler_name
-    if job.workers > 1:
+    if job.pod_count > 1:
         spec["schedulingGates"] = [{"name": GANG_GATE}]
     else:
         # A lone worker is its whole gang: no sibling to wait for, so no gate to lift (one
@@ -125,12 +129,18 @@ def worker_pod(
     spec["restartPolicy"] = "Never"
     spec["affinity"] = pin_to_node(spec.get("affinity"), node)
     resource = GPU_RESOURCE if job.service_class is ServiceClass.GUARANTEED else SHARE_RESOURCE
-    if resource == SHARE_RESOURCE:
+    if resource == SHARE_RESOURCE and per_pod:
         # A worker removed for GPU memory gives it back within a bound (every gpu-share pod's).
         grace = spec.get("terminationGracePeriodSeconds")
         bound = OPPORTUNISTIC_MAX_GRACE_SECONDS
         spec["terminationGracePeriodSeconds"] = bound if grace is None else min(grace, bound)
     env = rendezvous_env(job, rank)
+    if group is not None:
+        # The workers' world, as every worker sees it; the group's own place in the gang.
+        for key in ("RANK", "NODE_RANK", "PET_NODE_RANK"):
+            env.pop(key)
+        env["GANGSHARE_REPLICA_GROUP"] = group[0].name
+        env["GANGSHARE_REPLICA_INDEX"] = str(group[1])
     if isinstance(resume_step, int) and resume_step > 0:
         # Where the SDK's step count starts (gangshare.sdk.resume_step()).
         env["GANGSHARE_RESUME_STEP"] = str(resume_step)
@@ -142,7 +152,8 @@ def worker_pod(
                 amounts = dict(resources.get(kind) or {})
                 amounts.pop(GPU_RESOURCE, None)
                 amounts.pop(SHARE_RESOURCE, None)
-                amounts[resource] = str(job.gpus_per_worker)
+                if per_pod:
+                    amounts[resource] = str(per_pod)
                 resources[kind] = amounts
         # Unless the template says otherwise, a failed container's log tail becomes its
         # termination message: a GPU out-of-memory error is told from it (core/failures.py).

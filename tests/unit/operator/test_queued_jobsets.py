@@ -101,14 +101,41 @@ def test_a_jobset_is_one_gang_of_all_its_replicated_jobs_pods():
 @pytest.mark.parametrize(
     ("items", "field"),
     [
-        ((replicated("a", 1, 2), replicated("b", 1, 2, gpus="4")), r"spec.replicatedJobs\[1\]"),
         ((replicated("a", 0, 2),), r"spec.replicatedJobs\[0\].replicas"),
-        ((replicated("a", 1, 2, gpus="0"),), r"limits\[nvidia.com/gpu\]"),
+        ((replicated("a", 1, 2, gpus="0"),), r"containers\[0\].resources"),
     ],
 )
 def test_a_jobset_that_is_no_gang_is_refused_naming_its_field(items, field):
     with pytest.raises(InvalidSpec, match=field):
         parse_queued_jobset(make_jobset(*items))
+
+
+def test_a_cpu_driver_beside_gpu_workers_is_one_gang_of_two_pod_sets():
+    """JobSet's own driver/worker pattern: the driver asks no GPUs."""
+    jobset = make_jobset(replicated("driver", 1, 1, gpus="0"), replicated("workers", 2, 2))
+    spec = parse_queued_jobset(jobset)
+    assert (spec.workers, spec.gpus_per_worker) == (4, 2)
+    assert [(g.name, g.replicas, g.gpus) for g in spec.groups] == [("driver", 1, 0)]
+    body = workload(spec)
+    assert [g["name"] for g in body["spec"]["replicaGroups"]] == ["driver"]
+    tj = parse_trainingjob({**body, "metadata": {**body["metadata"], "uid": "x"}})
+    gang = tj.gang()
+    assert gang.pod_count == 5 and gang.total_gpus == 8
+    assert [(p.name, p.count, p.gpus) for p in gang.pod_sets] == [
+        ("worker", 4, 2),
+        ("driver", 1, 0),
+    ]
+    # The workers are ranked first, the driver after them, whatever the listed order.
+    assert JOBSET.pod_rank(child_pod("workers", 1, 1), jobset) == 3
+    assert JOBSET.pod_rank(child_pod("driver", 0, 0), jobset) == 4
+
+
+def test_gpu_pods_of_another_shape_are_a_pod_set_of_their_own():
+    jobset = make_jobset(replicated("a", 1, 2), replicated("b", 1, 1, gpus="4"))
+    spec = parse_queued_jobset(jobset)
+    assert (spec.workers, spec.gpus_per_worker) == (2, 2)
+    assert [(g.name, g.replicas, g.gpus) for g in spec.groups] == [("b", 1, 4)]
+    assert JOBSET.pod_rank(child_pod("b", 0, 0), jobset) == 2
 
 
 def test_ranks_run_through_the_replicated_jobs_in_order():
