@@ -51,12 +51,24 @@ set -euo pipefail
 #   it is named exactly. Its controller (main package at the module root) runs in the local
 #   control plane for the JobSet tests; its CRD is copied from the module into the cache
 #   (manifests/), never into the repository.
+# TRAINER_VERSION: Kubeflow Trainer v2.0.0, the only release of github.com/kubeflow/trainer/v2 the
+#   proxy serves (first v2: TrainJob, TrainingRuntime, ClusterTrainingRuntime v1alpha1).
+#   Its go.mod says `go 1.24.0` with no replace directives, and requires k8s.io/* v0.32 and
+#   sigs.k8s.io/jobset v0.8.2, whose JobSet v1alpha2 API the JobSet controller above still
+#   serves. Its controller (cmd/trainer-controller-manager) creates a JobSet per TrainJob;
+#   its three CRDs (manifests/base/crds) go to the cache like JobSet's.
+# TRAINING_OPERATOR_VERSION: Kubeflow training-operator v1.8.1, the newest v1 the proxy serves
+#   (PyTorchJob kubeflow.org/v1; v1 is the line Trainer v2 replaces). go.mod `go 1.22`,
+#   k8s.io/* v0.29, no replace directives. Main package cmd/training-operator.v1; the CRDs
+#   of manifests/base/crds (PyTorchJob and the other v1 kinds) go to the cache.
 K8S_VERSION="v1.35.4"
 ETCD_VERSION="v3.6.16"
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
 PROMETHEUS_VERSION="v0.316.0"
 JOBSET_VERSION="v0.11.0"
+TRAINER_VERSION="v2.0.0"
+TRAINING_OPERATOR_VERSION="v1.8.1"
 
 # Bump when the build recipe (ldflags, wrapper layout, ...) changes without a
 # version change: it is part of every stamp, so cached binaries get rebuilt.
@@ -68,10 +80,13 @@ KWOK_MODULE="sigs.k8s.io/kwok"
 HELM_MODULE="helm.sh/helm/v3"
 PROMETHEUS_MODULE="github.com/prometheus/prometheus"
 JOBSET_MODULE="sigs.k8s.io/jobset"
+TRAINER_MODULE="github.com/kubeflow/trainer/v2"
+TRAINING_OPERATOR_MODULE="github.com/kubeflow/training-operator"
 
 K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet)
 PROMETHEUS_BINARIES=(prometheus promtool)
-ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm "${PROMETHEUS_BINARIES[@]}" jobset-controller)
+ALL_BINARIES=("${K8S_BINARIES[@]}" etcd kwok helm "${PROMETHEUS_BINARIES[@]}" jobset-controller
+    trainer-controller-manager training-operator)
 
 CACHE_ROOT="${GANGSHARE_CACHE:-$HOME/.cache/gangshare}"
 KEY_DIR="${CACHE_ROOT}/k8s/${K8S_VERSION}"
@@ -79,7 +94,8 @@ BIN_DIR="${KEY_DIR}/bin"
 # Stamps live next to (not inside) bin/ so bin/ holds nothing but executables
 # and can be put straight on PATH.
 STAMP_DIR="${KEY_DIR}/stamps"
-# Upstream manifests a binary needs at run time (the JobSet CRD), taken from its module.
+# Upstream manifests a binary needs at run time (the CRDs of JobSet, Trainer and the training
+# operator), taken from its module.
 MANIFEST_DIR="${KEY_DIR}/manifests"
 
 # Never let Go fetch a different toolchain (the proxy may not serve one, and
@@ -112,6 +128,8 @@ stamp_value() {
         helm) mv="${HELM_MODULE}@${HELM_VERSION}" ;;
         prometheus|promtool) mv="${PROMETHEUS_MODULE}@${PROMETHEUS_VERSION}" ;;
         jobset-controller) mv="${JOBSET_MODULE}@${JOBSET_VERSION}" ;;
+        trainer-controller-manager) mv="${TRAINER_MODULE}@${TRAINER_VERSION}" ;;
+        training-operator) mv="${TRAINING_OPERATOR_MODULE}@${TRAINING_OPERATOR_VERSION}" ;;
         *) die "unknown binary $1" ;;
     esac
     echo "${mv} recipe=${RECIPE_REVISION}"
@@ -143,7 +161,8 @@ case "${1:-}" in
         exit 1
         ;;
     --latest)
-        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}" "${PROMETHEUS_MODULE}" "${JOBSET_MODULE}"; do
+        for m in "${K8S_MODULE}" "${ETCD_MODULE}" "${KWOK_MODULE}" "${HELM_MODULE}" \
+            "${PROMETHEUS_MODULE}" "${JOBSET_MODULE}" "${TRAINER_MODULE}" "${TRAINING_OPERATOR_MODULE}"; do
             printf '%s: %s\n' "$m" "$(go list -m -versions -f '{{range .Versions}}{{.}} {{end}}' "$m" | tr ' ' '\n' | grep . | tail -n 8 | tr '\n' ' ')"
         done
         exit 0
@@ -418,12 +437,63 @@ build_jobset() {
         "-X ${JOBSET_MODULE}/pkg/version.GitVersion=${JOBSET_VERSION} -X ${JOBSET_MODULE}/pkg/version.GitCommit=module-${JOBSET_VERSION}"
 }
 
+# copy_crds <module dir> <folder in the module> <file>...: upstream CRDs into the cache.
+copy_crds() {
+    local from="$1/$2" f
+    shift 2
+    mkdir -p "${MANIFEST_DIR}"
+    for f in "$@"; do
+        [[ -f "${from}/${f}" ]] || die "no ${f} in ${from}"
+        cp "${from}/${f}" "${MANIFEST_DIR}/"
+        chmod u+w "${MANIFEST_DIR}/${f}"
+    done
+}
+
+# --- Kubeflow Trainer v2's controller manager and its CRDs (src/gangshare/dev/trainer.py)
+TRAINER_CRDS=(trainer.kubeflow.org_trainjobs.yaml trainer.kubeflow.org_trainingruntimes.yaml
+    trainer.kubeflow.org_clustertrainingruntimes.yaml)
+build_trainer() {
+    local f cached=1
+    for f in "${TRAINER_CRDS[@]}"; do [[ -f "${MANIFEST_DIR}/${f}" ]] || cached=0; done
+    if is_current trainer-controller-manager && ((cached)); then
+        log "$(printf '%-24s cached' trainer-controller-manager)"
+        return 0
+    fi
+    local dir="${WORK_DIR}/trainer"
+    write_wrapper "${dir}" "${TRAINER_MODULE}" "${TRAINER_VERSION}"
+    copy_crds "$(mod_field "${TRAINER_MODULE}@${TRAINER_VERSION}" Dir)" manifests/base/crds \
+        "${TRAINER_CRDS[@]}"
+    # No version variables to stamp: upstream's image build sets none either.
+    go_build "${dir}" trainer-controller-manager \
+        "${TRAINER_MODULE}/cmd/trainer-controller-manager" ""
+}
+
+# --- Kubeflow training-operator v1 and its CRDs (src/gangshare/dev/training_operator.py)
+TRAINING_OPERATOR_CRDS=(kubeflow.org_pytorchjobs.yaml kubeflow.org_tfjobs.yaml
+    kubeflow.org_mpijobs.yaml kubeflow.org_xgboostjobs.yaml kubeflow.org_paddlejobs.yaml
+    kubeflow.org_mxjobs.yaml)
+build_training_operator() {
+    local f cached=1
+    for f in "${TRAINING_OPERATOR_CRDS[@]}"; do [[ -f "${MANIFEST_DIR}/${f}" ]] || cached=0; done
+    if is_current training-operator && ((cached)); then
+        log "$(printf '%-24s cached' training-operator)"
+        return 0
+    fi
+    local dir="${WORK_DIR}/training-operator"
+    write_wrapper "${dir}" "${TRAINING_OPERATOR_MODULE}" "${TRAINING_OPERATOR_VERSION}"
+    copy_crds "$(mod_field "${TRAINING_OPERATOR_MODULE}@${TRAINING_OPERATOR_VERSION}" Dir)" \
+        manifests/base/crds "${TRAINING_OPERATOR_CRDS[@]}"
+    go_build "${dir}" training-operator "${TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1" ""
+}
+
 build_k8s
 build_etcd
 build_kwok
 build_helm
 build_prometheus
 build_jobset
+build_trainer
+build_training_operator
 
 # Record what this bin folder holds, for humans and for tests that want to
 # assert the versions they run against.
@@ -435,6 +505,8 @@ helm ${HELM_VERSION}
 prometheus ${PROMETHEUS_VERSION}
 promtool ${PROMETHEUS_VERSION}
 jobset-controller ${JOBSET_VERSION}
+trainer-controller-manager ${TRAINER_VERSION}
+training-operator ${TRAINING_OPERATOR_VERSION}
 go ${GO_VERSION}
 EOF
 

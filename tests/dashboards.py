@@ -100,6 +100,89 @@ def exported_families() -> dict[str, str]:
     return {family.name: family.type for registry in registries for family in registry.collect()}
 
 
+def labelled(label: str) -> set[str]:
+    """The operator's families whose series carry `label`: the counters' and histograms'
+    label names, and the snapshot gauge's from one job's pass."""
+    from gangshare.operator.metrics import OperatorMetrics
+
+    operator = OperatorMetrics(CollectorRegistry())
+    operator.set_trainingjobs([{"metadata": {"name": "j"}, "spec": {}}])
+    found = {
+        family.name
+        for family in operator.registry.collect()
+        if any(label in sample.labels for sample in family.samples)
+    }
+    for metric in vars(operator).values():
+        # prometheus_client's labelled metrics keep their label names in _labelnames.
+        if label in getattr(metric, "_labelnames", ()):
+            found |= {family.name for family in metric.describe()}
+    return found
+
+
+# PromQL's aggregation operators: `op by|without (labels) (expr)` or `op (expr) by (labels)`.
+AGGREGATIONS = frozenset(
+    {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values"}
+    | {"bottomk", "topk", "quantile", "limitk", "limit_ratio"}
+)
+_CALL = re.compile(r"(\w+)\s*(?:\b(?:by|without)\s*\([^()]*\)\s*)?$")
+
+
+def aggregated(expr: str) -> set[str]:
+    """The gangshare series names of `expr` whose every occurrence sits inside an aggregation
+    (`sum by (queue) (...)`, within a rate or a quantile or not), so a label its grouping
+    leaves out does not split the query's series."""
+    # Quoted matcher values ("a|(b)") hold no calls: blanked, the offsets kept.
+    expr = re.sub(r'"[^"]*"', lambda m: '"' + "_" * (len(m.group()) - 2) + '"', expr)
+    inside: dict[str, bool] = {}
+    for match in METRIC.finditer(expr):
+        calls, depth = [], 0
+        for at in range(match.start() - 1, -1, -1):
+            if expr[at] == ")":
+                depth += 1
+            elif expr[at] == "(":
+                if depth:
+                    depth -= 1
+                    continue
+                call = _CALL.search(expr[:at])
+                calls.append(call.group(1) if call else "")
+        name = match.group()
+        inside[name] = inside.get(name, True) and any(c in AGGREGATIONS for c in calls)
+    return {name for name, is_inside in inside.items() if is_inside}
+
+
+# `sum [by (labels)] (name{matchers})`: a gauge's query, which instant_sum evaluates.
+_GAUGE_SUM = re.compile(
+    r"sum\s*(?:by\s*\(([^()]*)\)\s*)?\(\s*(gangshare_\w+)\s*(?:\{([^{}]*)\})?\s*\)"
+)
+_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def instant_sum(
+    expr: str, series: list[tuple[str, dict[str, str], float]]
+) -> dict[tuple[tuple[str, str], ...], float]:
+    """What Prometheus answers to `sum [by (labels)] (name{matchers})` over `series` (name,
+    labels, value): {the grouping labels: the sum}. Only that shape: a gauge's query."""
+    shape = _GAUGE_SUM.fullmatch(expr.strip())
+    if shape is None:
+        raise ValueError(f"not a sum of one gauge: {expr}")
+    by = [label.strip() for label in (shape.group(1) or "").split(",") if label.strip()]
+    matchers = _MATCHER.findall(shape.group(3) or "")
+    tests = {
+        "=": lambda have, want: have == want,
+        "!=": lambda have, want: have != want,
+        "=~": lambda have, want: re.fullmatch(want, have) is not None,
+        "!~": lambda have, want: re.fullmatch(want, have) is None,
+    }
+    sums: dict[tuple[tuple[str, str], ...], float] = {}
+    for name, labels, value in series:
+        if name != shape.group(2):
+            continue
+        if all(tests[op](labels.get(label, ""), want) for label, op, want in matchers):
+            group = tuple((label, labels.get(label, "")) for label in by)
+            sums[group] = sums.get(group, 0.0) + value
+    return sums
+
+
 def exported_series() -> dict[str, str]:
     """Every series name the operator, the extender and the node agent expose -> its family."""
     return {

@@ -337,8 +337,20 @@ def test_the_pod_policies_name_the_release_and_scope_the_agent_to_its_node(helm:
         *("--set", "admissionPolicies.agentNodeScope=false"),
         *("--set", "admissionPolicies.queuedJobs=false"),
         *("--set", "admissionPolicies.ownership=false"),
+        *("--set", "admissionPolicies.gangGate=false"),
     )
     assert not [key for key in off if key[0].startswith("ValidatingAdmissionPolicy")]
+
+
+def test_the_gang_gate_policy_lets_only_the_releases_operator_lift_the_gate(helm: Helm):
+    shipped = [d for d in yaml.safe_load_all((ROOT / "crds" / "gang-gate-policy.yaml").read_text())]
+    manifests = helm.render(namespace="gs-sys")
+    policy = manifests[("ValidatingAdmissionPolicy", "gangshare-gang-gate")]
+    lifters = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["gateLifters"]
+    assert lifters == "['system:serviceaccount:gs-sys:gangshare-operator']"
+    original = next(d for d in shipped if d and d["kind"] == "ValidatingAdmissionPolicy")
+    assert policy["spec"]["validations"] == original["spec"]["validations"]
+    assert policy["spec"]["matchConditions"] == original["spec"]["matchConditions"]
 
 
 @pytest.mark.parametrize(
@@ -346,6 +358,8 @@ def test_the_pod_policies_name_the_release_and_scope_the_agent_to_its_node(helm:
     [
         (ROOT / "crds" / "job-admission-policy.yaml", "queued-jobs"),
         (ROOT / "crds" / "jobset-admission-policy.yaml", "queued-jobsets"),
+        (ROOT / "crds" / "pytorchjob-admission-policy.yaml", "queued-pytorchjobs"),
+        (ROOT / "crds" / "trainjob-admission-policy.yaml", "queued-trainjobs"),
     ],
 )
 def test_the_queued_job_policies_are_the_repository_files(helm: Helm, file: Path, suffix: str):
@@ -1440,7 +1454,8 @@ def test_components_run_under_their_service_accounts(
         # finished; other tests' jobs may be counted too) and its admission. (Not its start:
         # a 1 s worker may finish before any reconcile sees the gang Running.)
         succeeded = (
-            'gangshare_trainingjobs{phase="Succeeded",queue="default",service_class="Guaranteed"}'
+            'gangshare_trainingjobs{kind="TrainingJob",phase="Succeeded",queue="default",'
+            'service_class="Guaranteed"}'
         )
 
         def scrape() -> str | None:
@@ -1452,7 +1467,7 @@ def test_components_run_under_their_service_accounts(
         text = eventually(scrape, what="the finished job in the operator's metrics")
         for series in (
             "gangshare_operator_leader 1.0",
-            'gangshare_admissions_total{borrowed="false",queue="default",'
+            'gangshare_admissions_total{borrowed="false",kind="TrainingJob",queue="default",'
             'service_class="Guaranteed"} 1.0',
         ):
             assert series in text, text

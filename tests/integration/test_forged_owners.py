@@ -274,3 +274,59 @@ def test_the_ownership_policies_type_check_against_the_servers_schemas(crd: Kube
     # that silently never refuses.
     found = eventually(checked, what=f"{policy} type-checked")
     assert not found.expression_warnings, found.expression_warnings
+
+
+PYTORCHJOB_REFUSED = (
+    "metadata.ownerReferences: a controller reference to a PyTorchJob is written by the "
+    "training-operator only"
+)
+TRAINING_OPERATOR = "system:serviceaccount:kubeflow:training-operator"
+
+
+def test_only_the_training_operator_makes_a_gangshare_pod_a_pytorchjobs(
+    crd: Kube, namespace: str, tenant: client.ApiClient
+):
+    # Only the reference is judged: the PyTorchJob it names need not exist for the refusal.
+    ref = controller("kubeflow.org/v1", "PyTorchJob", "ddp", str(uuid.uuid4()))
+    gang = {JOB_LABEL: "pytorchjob-ddp"}
+    pods = client.CoreV1Api(tenant)
+    refused_once_live(
+        lambda name: pods.create_namespaced_pod(namespace, pod(name, gang, ref)),
+        PYTORCHJOB_REFUSED,
+    )
+    grant_edit(crd, namespace, TRAINING_OPERATOR)
+    operator = client.CoreV1Api(impersonating(crd, TRAINING_OPERATOR))
+    eventually(
+        lambda: operator.create_namespaced_pod(namespace, pod("made", gang, ref), dry_run="All"),
+        what="the training-operator's pod admitted (RBAC binding live)",
+    )
+
+
+GATE_REFUSED = "spec.schedulingGates: the gangshare.io/gang gate is lifted by gangshare only"
+OPERATOR = "system:serviceaccount:gangshare-system:gangshare-operator"
+
+
+def test_only_gangshares_operator_lifts_the_gang_gate(
+    crd: Kube, namespace: str, tenant: client.ApiClient
+):
+    """crds/gang-gate-policy.yaml: a tenant who may update its pods cannot let a gated pod of a
+    queued gang skip its queue by lifting the gate itself; it may delete the pod."""
+    pods = client.CoreV1Api(tenant)
+    lift = {"spec": {"schedulingGates": None}}
+    attempts = iter(range(1000))
+
+    def tenants_lift() -> str | None:
+        name = f"gated-{next(attempts)}"
+        pods.create_namespaced_pod(namespace, pod(name, {JOB_LABEL: "job-x"}))
+        body = refusal(lambda: pods.patch_namespaced_pod(name, namespace, lift))
+        return body if body is not None and GATE_REFUSED in body else None
+
+    # Admission picks a policy installed moments ago up within seconds.
+    eventually(tenants_lift, timeout=30, what="the tenant's lift refused")
+    grant_edit(crd, namespace, OPERATOR)
+    operator = client.CoreV1Api(impersonating(crd, OPERATOR))
+    eventually(
+        lambda: operator.patch_namespaced_pod("gated-0", namespace, lift, dry_run="All"),
+        what="the operator's lift admitted (RBAC binding live)",
+    )
+    pods.delete_namespaced_pod("gated-0", namespace, grace_period_seconds=0)

@@ -135,7 +135,7 @@ def test_a_standby_takes_over_a_killed_leader_mid_admission_and_duplicates_nothi
         ]
         assert early == []
         assert metric(standby, "gangshare_operator_leader ") == 1
-        succeeded = 'gangshare_trainingjobs{phase="Succeeded",queue="default",'
+        succeeded = 'gangshare_trainingjobs{kind="TrainingJob",phase="Succeeded",queue="default",'
         eventually(
             lambda: (metric(standby, succeeded) or 0) >= 1,
             what="the new leader's metrics see the job finished",

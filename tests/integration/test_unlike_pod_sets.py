@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from borrowing import reclaimed_and_resumed
 from test_jobsets import GROUP, PLURAL, VERSION, read, replicated
 
 from kube import Kube, NodePool, OperatorProcess, eventually
@@ -133,3 +134,25 @@ def test_a_trainingjob_with_a_cpu_launcher_group_runs_as_one_gang(
         assert worker_limits["nvidia.com/gpu"] == "4"
     finally:
         operator.stop()
+
+
+def test_a_borrowing_gang_with_a_launcher_is_reclaimed_and_resumed_whole(
+    crd: Kube, pool: NodePool, namespace: str, tmp_path: Path, queues: Any
+):
+    def submit(queue: str) -> None:
+        body = trainingjob("mpi", 2, 4, run_for="8s", queue=queue, gpuModel=pool.model)
+        annotations = dict(body["spec"]["template"]["metadata"]["annotations"])
+        launcher = {
+            "metadata": {"annotations": annotations},
+            "spec": {"containers": [{"name": "launcher", "image": "example.invalid/l:1"}]},
+        }
+        body["spec"]["replicaGroups"] = [{"name": "launcher", "replicas": 1, "template": launcher}]
+        create(crd, namespace, body)
+
+    _, last = reclaimed_and_resumed(crd, pool, namespace, tmp_path, queues, submit, "mpi")
+    # The resumed attempt ran whole, its launcher with it.
+    assert sorted(p.metadata.name for p in last) == [
+        "mpi-launcher-0",
+        "mpi-worker-0",
+        "mpi-worker-1",
+    ]

@@ -20,8 +20,8 @@ def test_the_report_names_both_endpoints_and_reads_figures_from_them():
         ("research", "Guaranteed", False),
         ("research", "Opportunistic", True),
     ]:
-        operator.admitted(queue, service_class, borrowed, 1.0)
-    operator.preemptions.labels("research", "Reclaimed").inc()
+        operator.admitted(queue, service_class, borrowed, 1.0, "TrainingJob")
+    operator.preemptions.labels("research", "Reclaimed", "JobSet").inc()
     extender = ExtenderMetrics(CollectorRegistry())
     extender.requests.labels("filter", "ok").inc(7)
     extender.requests.labels("bind", "ok").inc(4)

@@ -3,10 +3,11 @@ planned with the workers all or nothing (core/podsets.py)."""
 
 from __future__ import annotations
 
+from tests.unit.builders import make_cluster, make_gang, make_node
+
 from gangshare.core import Cluster, GangPlan, TopologyPolicy, TopologyScope, Unschedulable
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import apply_plan, never_fits, plan_gang
-from tests.unit.builders import make_cluster, make_gang, make_node
 
 CPU_4 = PodConstraints(resources=(("cpu", 4000), ("memory", 8 * 2**30), ("pods", 1)))
 CPU_1 = PodConstraints(resources=(("cpu", 1000), ("memory", 2**30), ("pods", 1)))

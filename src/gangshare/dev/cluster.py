@@ -1,7 +1,8 @@
 """A real local Kubernetes control plane with simulated GPU nodes.
 
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK, JobSet's controller
-(when built: dev/jobset.py), and gangshare's extender with its own kube-scheduler
+(when built: dev/jobset.py), after it Kubeflow Trainer's controller and the training-operator
+(each when built: dev/kubeflow.py), and gangshare's extender with its own kube-scheduler
 (gangshare-scheduler) run as
 local processes on free loopback ports under one state folder; every log goes
 to `<root>/logs/`. Nodes come from a cluster spec (the core's `NodeSpec`s).
@@ -25,7 +26,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gangshare.core.spec import NodeSpec
-from gangshare.dev import components, jobset, processes
+from gangshare.dev import components, jobset, kubeflow, processes
 from gangshare.dev.binaries import repo_root
 from gangshare.dev.components import Layout, Ports
 from gangshare.dev.pki import generate_credentials
@@ -179,6 +180,18 @@ class LocalCluster:
         api = self.core_api()
         if jobset.available(self.bins):
             self._start_jobset(creds, ports, deadline, api.api_client)
+        for controller, webhook, health in (
+            (kubeflow.TRAINER, ports.trainer_webhook, ports.trainer_health),
+            (
+                kubeflow.TRAINING_OPERATOR,
+                ports.training_operator_webhook,
+                ports.training_operator_health,
+            ),
+        ):
+            if controller.available(self.bins) and (
+                jobset.available(self.bins) or not controller.needs_jobset
+            ):
+                self._start_kubeflow(controller, creds, webhook, health, deadline, api.api_client)
         # A few at a time: thousands of benchmark nodes one by one took minutes.
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda spec: api.create_node(node_manifest(spec)), nodes))
@@ -278,8 +291,36 @@ class LocalCluster:
         )
         jobset.install_webhooks(api_client, ports.jobset_webhook, creds.ca_cert)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        child = processes.start(name, argv, self.layout.logs, attached=self.attached)
+    def _start_kubeflow(
+        self,
+        controller: kubeflow.Controller,
+        creds: Any,
+        webhook_port: int,
+        health_port: int,
+        deadline: float,
+        api_client: Any,
+    ) -> None:
+        """A Kubeflow controller (dev/kubeflow.py), started like JobSet's; its webhooks are
+        registered once each of their paths answers (it registers them only after /readyz)."""
+        kubeflow.install_crds(api_client, self.bins, controller)
+        self._wait(
+            f"the CRDs of {controller.name}",
+            deadline,
+            lambda: kubeflow.established(api_client, controller),
+        )
+        kubeflow.create_rotator_secret(api_client, controller)
+        env = controller.prepare(self.layout.root, creds.serving_cert, creds.serving_key)
+        argv = controller.argv(self.bins, self.layout.kubeconfig, webhook_port, health_port)
+        self._spawn(controller.name, argv, env)
+        self._wait_healthy(controller.name, f"http://127.0.0.1:{health_port}/readyz", deadline)
+        for hook in controller.webhooks:
+            url = f"https://127.0.0.1:{webhook_port}{hook.path}"
+            # An empty review gets an error review back (200); a path not yet registered, 404.
+            self._wait_healthy(f"{controller.name} {hook.path}", url, deadline)
+        kubeflow.install_webhooks(api_client, controller, webhook_port, creds.ca_cert)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        child = processes.start(name, argv, self.layout.logs, attached=self.attached, env=env)
         self.children.append(child)
         assert self.state is not None
         self.state.pids[name] = child.pid

@@ -32,6 +32,10 @@ class Ports:
     extender_metrics: int
     jobset_webhook: int
     jobset_health: int
+    trainer_webhook: int
+    trainer_health: int
+    training_operator_webhook: int
+    training_operator_health: int
 
     def all(self) -> list[int]:
         return list(asdict(self).values())

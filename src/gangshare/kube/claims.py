@@ -29,6 +29,8 @@ from gangshare.core.annotations import (
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.job import ServiceClass
 from gangshare.kube.jobset import JOBSET_UID_LABEL
+from gangshare.kube.pytorchjob import API_VERSION as PYTORCHJOB_API_VERSION
+from gangshare.kube.pytorchjob import KIND as PYTORCHJOB_KIND
 from gangshare.kube.quantity import to_mib
 from gangshare.kube.scheduling import TERMINAL_POD_PHASES, gpu_devices, pod_constraints
 from gangshare.kube.trainingjob import GROUP, KIND, group_pod_name, worker_pod_name
@@ -183,12 +185,15 @@ def worker_identity(pod: dict[str, Any]) -> WorkerIdentity | None:
         and controller.get("name") == job
         and named
     )
-    batch = controller.get("kind") == "Job" and controller.get("apiVersion") == "batch/v1"
-    if not (own or batch):
+    made_by = (controller.get("apiVersion"), controller.get("kind"))
+    batch = made_by == ("batch/v1", "Job")
+    # A PyTorchJob's pods are the training-operator's, controlled by the PyTorchJob itself.
+    kubeflow = made_by == (PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND)
+    if not (own or batch or kubeflow):
         return None
     # A JobSet's pods are its child Jobs': they answer to the JobSet's uid, which its
     # controller labels them with.
-    uid = str(controller.get("uid")) if own else str(labels.get(JOBSET_UID_LABEL) or "")
+    uid = str(controller.get("uid")) if own or kubeflow else str(labels.get(JOBSET_UID_LABEL) or "")
     return WorkerIdentity(
         f"{meta.get('namespace')}/{job}",
         uid or str(controller.get("uid")),
@@ -279,7 +284,8 @@ def job_hold(job: dict[str, Any]) -> tuple[JobHold | None, str | None]:
     )
     # A queued Job's pods are controlled by the Job: they answer to its uid.
     ref = spec.get("jobRef") if isinstance(spec.get("jobRef"), dict) else None
-    uid = str(ref.get("uid", "")) if ref else str(meta.get("uid", ""))
+    # A TrainJob's pods are its JobSet's: they answer to the JobSet's uid (podsUID).
+    uid = str(ref.get("podsUID") or ref.get("uid", "")) if ref else str(meta.get("uid", ""))
     return (
         JobHold(
             key,

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gangshare.core.annotations import ATTEMPT_LABEL
+from gangshare.core.job import ServiceClass
 from gangshare.kube.ownership import controller_ref, refers_to
 from gangshare.kube.queued import (
     COMPLETION_INDEX_LABEL,
@@ -24,9 +25,9 @@ from gangshare.kube.queued import (
     WorkloadKind,
     gang_pod_gpus,
     queue_ask,
-    scheduling_template,
     workload_name,
 )
+from gangshare.kube.queued_podsets import PodSetAsk, pod_sets_gang, rank_offset
 from gangshare.kube.queued_writes import (
     finished_by_conditions,
     gated_template,
@@ -36,7 +37,7 @@ from gangshare.kube.queued_writes import (
     suspended_condition,
     template_gated,
 )
-from gangshare.kube.trainingjob import InvalidSpec, ReplicaGroup
+from gangshare.kube.trainingjob import InvalidSpec
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 PREFIX = "jobset-"
@@ -47,12 +48,16 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 
 
-def _replicated(jobset: Mapping[str, Any]) -> list[dict[str, Any]]:
+def replicated_jobs(jobset: Mapping[str, Any]) -> list[dict[str, Any]]:
     listed = (jobset.get("spec") or {}).get("replicatedJobs") or []
     return [r for r in listed if isinstance(r, dict)]
 
 
-def _pod_template(replicated: Mapping[str, Any]) -> dict[str, Any]:
+def _replicated_job_named(jobset: Mapping[str, Any], name: Any) -> dict[str, Any] | None:
+    return next((r for r in replicated_jobs(jobset) if r.get("name") == name), None)
+
+
+def pod_template(replicated: Mapping[str, Any]) -> dict[str, Any]:
     return (((replicated.get("template") or {}).get("spec") or {}).get("template")) or {}
 
 
@@ -73,77 +78,40 @@ def _shape(replicated: Mapping[str, Any], path: str) -> tuple[int, int]:
     return replicas, parallelism
 
 
-def _asks(jobset: Mapping[str, Any]) -> list[tuple[dict[str, Any], int, dict[str, Any], int]]:
-    """(replicated job, pods, scheduling template, GPUs per pod) of each, in listed order."""
-    ask = queue_ask(jobset)
-    own = workload_name(str((jobset.get("metadata") or {}).get("name", "")), PREFIX)
+def pod_set_asks(
+    jobset: Mapping[str, Any], prefix: str = PREFIX, service_class: ServiceClass | None = None
+) -> list[PodSetAsk]:
+    """Each replicated job as a pod set, in listed order; `prefix` names the TrainingJob that
+    queues it (a TrainJob's JobSet is queued as its TrainJob's), `service_class` the class its
+    queue label asks (the JobSet's own by default)."""
+    service_class = service_class or queue_ask(jobset).service_class
+    own = workload_name(str((jobset.get("metadata") or {}).get("name", "")), prefix)
     found = []
-    for position, item in enumerate(_replicated(jobset)):
+    for position, item in enumerate(replicated_jobs(jobset)):
         path = f"spec.replicatedJobs[{position}]"
         replicas, parallelism = _shape(item, path)
-        template = _pod_template(item)
+        template = pod_template(item)
         gpus = gang_pod_gpus(
-            template, f"{path}.template.spec.template", own, ask.service_class, cpu_only=True
+            template, f"{path}.template.spec.template", own, service_class, cpu_only=True
         )
-        found.append((item, replicas * parallelism, scheduling_template(template), gpus))
+        found.append(PodSetAsk(str(item.get("name", "")), replicas * parallelism, gpus, template))
     return found
-
-
-def _in_rank_order(
-    asks: list[tuple[dict[str, Any], int, dict[str, Any], int]],
-) -> tuple[list[int], list[int]]:
-    """(the workers' replicated jobs, the others), as positions: the workers are every
-    replicated job alike with the first that asks GPUs (the same GPUs, requests and placement
-    constraints); each other one is a pod set of its own, ranked after them in listed order."""
-    first = next((a for a in asks if a[3] > 0), None)
-    if first is None:
-        return [], list(range(len(asks)))
-    alike = [i for i, a in enumerate(asks) if (a[2], a[3]) == (first[2], first[3])]
-    return alike, [i for i in range(len(asks)) if i not in alike]
 
 
 def parse_queued_jobset(jobset: Mapping[str, Any]) -> QueuedJobSpec:
     """The gang a labelled JobSet is; InvalidSpec names the JobSet's field. Its GPU workers are
     the replicated jobs alike with the first that asks GPUs; any other replicated job (a
     CPU-only driver, workers of another shape) is a pod set of the same gang."""
-    meta = jobset.get("metadata") or {}
-    ask = queue_ask(jobset)
-    asks = _asks(jobset)
+    asks = pod_set_asks(jobset)
     if not asks:
         raise InvalidSpec("spec.replicatedJobs: at least one replicated job is required")
-    workers_at, others_at = _in_rank_order(asks)
-    if not workers_at:
-        raise InvalidSpec(
-            "spec.replicatedJobs[].template.spec.template.spec.containers[0].resources: a queued "
-            "JobSet asks for GPUs in the first container of at least one replicated job's pods"
-        )
-    total = sum(a[1] for a in asks)
-    if total > 1024:
-        raise InvalidSpec(f"spec.replicatedJobs: a gang has at most 1024 pods, this has {total}")
-    first = asks[workers_at[0]]
-    groups = tuple(
-        ReplicaGroup(
-            str(asks[i][0].get("name", "")), asks[i][1], asks[i][3], _pod_template(asks[i][0])
-        )
-        for i in others_at
-    )
-    return QueuedJobSpec(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
-        queue=ask.queue,
-        service_class=ask.service_class,
-        priority=ask.priority,
-        workers=sum(asks[i][1] for i in workers_at),
-        gpus_per_worker=first[3],
-        indexed=True,
-        topology=ask.topology,
-        runtime_estimate_seconds=ask.runtime_estimate_seconds,
-        template=_pod_template(first[0]),
+    return pod_sets_gang(
+        jobset,
+        asks,
+        "spec.replicatedJobs[].template.spec.template.spec.containers[0].resources",
         api_version=API_VERSION,
         kind="JobSet",
         prefix=PREFIX,
-        groups=groups,
     )
 
 
@@ -165,7 +133,7 @@ def may_resume(jobset: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
 
 
 def templates_prepared(jobset: Mapping[str, Any], workload_job: str) -> bool:
-    return all(template_gated(_pod_template(r), workload_job) for r in _replicated(jobset))
+    return all(template_gated(pod_template(r), workload_job) for r in replicated_jobs(jobset))
 
 
 def never_frozen(jobset: Mapping[str, Any]) -> bool:
@@ -181,62 +149,70 @@ def resume_patch(jobset: Mapping[str, Any], workload_job: str, attempt: int) -> 
     if templates_prepared(jobset, workload_job):
         return patch
     replicated = []
-    for item in _replicated(jobset):
-        template = _pod_template(item)
-        gated = gated_template(template, workload_job)
-        merged_template = {
-            **template,
-            "metadata": {
-                **(template.get("metadata") or {}),
-                "labels": {
-                    **((template.get("metadata") or {}).get("labels") or {}),
-                    **gated["metadata"]["labels"],
-                },
-            },
-            "spec": {**(template.get("spec") or {}), **gated["spec"]},
-        }
-        job_template = item.get("template") or {}
-        replicated.append(
-            {
-                **item,
-                "template": {
-                    **job_template,
-                    "spec": {**(job_template.get("spec") or {}), "template": merged_template},
-                },
-            }
-        )
+    for item in replicated_jobs(jobset):
+        template = pod_template(item)
+        replicated.append(with_pod_template(item, template, gated_template(template, workload_job)))
     patch["spec"]["replicatedJobs"] = replicated
     return patch
 
 
-def pod_rank(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> int | None:
+def with_pod_template(
+    item: Mapping[str, Any], template: Mapping[str, Any], gated: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The replicated job whole (a merge patch replaces the list whole), its pod template's
+    labels and spec merged with `gated` (gated_template's patch)."""
+    merged_template = {
+        **template,
+        "metadata": {
+            **(template.get("metadata") or {}),
+            "labels": {
+                **((template.get("metadata") or {}).get("labels") or {}),
+                **gated["metadata"]["labels"],
+            },
+        },
+        "spec": {**(template.get("spec") or {}), **gated["spec"]},
+    }
+    job_template = item.get("template") or {}
+    return {
+        **item,
+        "template": {
+            **job_template,
+            "spec": {**(job_template.get("spec") or {}), "template": merged_template},
+        },
+    }
+
+
+def pod_rank(
+    pod: Mapping[str, Any],
+    jobset: Mapping[str, Any],
+    prefix: str = PREFIX,
+    service_class: ServiceClass | None = None,
+) -> int | None:
     """The workers' replicated jobs in order, then each other one (parse_queued_jobset's
-    order); within one, the child Job's index, then the pod's completion index."""
+    order); within one, the child Job's index, then the pod's completion index. `prefix` and
+    `service_class` as pod_set_asks takes them (a TrainJob's JobSet is ranked as its own)."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     index, completion = label_int(pod, JOB_INDEX_LABEL), label_int(pod, COMPLETION_INDEX_LABEL)
-    if index is None or completion is None:
+    item = next(
+        (r for r in replicated_jobs(jobset) if r.get("name") == labels.get(REPLICATED_JOB_LABEL)),
+        None,
+    )
+    if index is None or completion is None or item is None:
         return None
     try:
-        asks = _asks(jobset)
+        replicas, parallelism = _shape(item, "spec.replicatedJobs[]")
+        found = rank_offset(pod_set_asks(jobset, prefix, service_class), str(item.get("name")))
     except InvalidSpec:
         return None
-    workers_at, others_at = _in_rank_order(asks)
-    offset = 0
-    for position in workers_at + others_at:
-        item = asks[position][0]
-        replicas, parallelism = _shape(item, "spec.replicatedJobs[]")
-        if item.get("name") == labels.get(REPLICATED_JOB_LABEL):
-            if index >= replicas or completion >= parallelism:
-                return None
-            return offset + index * parallelism + completion
-        offset += replicas * parallelism
-    return None
+    if found is None or index >= replicas or completion >= parallelism:
+        return None
+    return found[0] + index * parallelism + completion
 
 
 def pod_templates(jobset: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     return [
-        (f"spec.replicatedJobs[{i}].template.spec.template", _pod_template(r))
-        for i, r in enumerate(_replicated(jobset))
+        (f"spec.replicatedJobs[{i}].template.spec.template", pod_template(r))
+        for i, r in enumerate(replicated_jobs(jobset))
     ]
 
 
@@ -246,7 +222,8 @@ def child_job_name(pod: Mapping[str, Any], jobset: Mapping[str, Any]) -> str | N
     labels = (pod.get("metadata") or {}).get("labels") or {}
     index = label_int(pod, JOB_INDEX_LABEL)
     item = next(
-        (r for r in _replicated(jobset) if r.get("name") == labels.get(REPLICATED_JOB_LABEL)), None
+        (r for r in replicated_jobs(jobset) if r.get("name") == labels.get(REPLICATED_JOB_LABEL)),
+        None,
     )
     if item is None or index is None:
         return None

@@ -49,6 +49,9 @@ ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
 # The Job controller labels each pod of an Indexed Job with its index (Kubernetes 1.28+).
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 _NAME_LIMIT = 45
+# Where a kind run through a child (a TrainJob's JobSet) carries it beside the object's own
+# fields (WorkloadKind.attach_child): a key no API object has, never written back.
+CHILD_KEY = "gangshare.io/child"
 _NOT_DNS_1035 = re.compile(r"[^a-z0-9-]")
 
 
@@ -120,6 +123,8 @@ class QueuedJobSpec:
     # Its pods unlike the workers (a JobSet's CPU-only driver, say), ranked after them in this
     # order: its TrainingJob's spec.replicaGroups.
     groups: tuple[ReplicaGroup, ...] = ()
+    # The uid its pods answer to when not its own (a TrainJob's pods are its JobSet's).
+    pods_uid: str | None = None
 
     @property
     def key(self) -> str:
@@ -275,7 +280,7 @@ def workload(spec: QueuedJobSpec) -> dict[str, Any]:
         "workers": spec.workers,
         "gpusPerWorker": spec.gpus_per_worker,
         "template": scheduling_template(spec.template),
-        "jobRef": ref,
+        "jobRef": {**ref, "podsUID": spec.pods_uid} if spec.pods_uid else ref,
     }
     if spec.groups:
         body["replicaGroups"] = [
@@ -332,6 +337,14 @@ def scheduling_template(template: Mapping[str, Any]) -> dict[str, Any]:
     return {"spec": kept}
 
 
+def _spec_suspended(obj: Mapping[str, Any]) -> bool:
+    return bool((obj.get("spec") or {}).get("suspend"))
+
+
+def _spec_suspend_patch() -> dict[str, Any]:
+    return {"spec": {"suspend": True}}
+
+
 @dataclass(frozen=True)
 class WorkloadKind:
     """What the operator needs to know of one kind of queued object (kube/batchjob.py's JOB,
@@ -360,6 +373,18 @@ class WorkloadKind:
     owns: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
     # Its pod templates, each with the path to it in the object (for a reason's field).
     pod_templates: Callable[[Mapping[str, Any]], list[tuple[str, Mapping[str, Any]]]]
+    # Whether it is suspended, and the merge patch that suspends it (spec.suspend for a Job
+    # or a JobSet; a Kubeflow job keeps it in spec.runPolicy).
+    suspended: Callable[[Mapping[str, Any]], bool] = _spec_suspended
+    suspend_patch: Callable[[], dict[str, Any]] = _spec_suspend_patch
+    # A kind run through a child object of its own name that it controls (a TrainJob's
+    # JobSet): the child's kind, attached to the object before any of the above reads it
+    # (`attach_child`), and the patch that prepares the child before the first resume.
+    child_kind: WorkloadKind | None = None
+    child_patch: Callable[[Mapping[str, Any], str], dict[str, Any] | None] | None = None
+    attach_child: Callable[[Mapping[str, Any], Mapping[str, Any] | None], dict[str, Any]] | None = (
+        None
+    )
 
     def workload_name(self, name: str) -> str:
         return workload_name(name, self.prefix)

@@ -83,12 +83,14 @@ def suspend_patch() -> dict[str, Any]:
     return {"spec": {"suspend": True}}
 
 
+def resume_attempt_annotation(attempt: int) -> dict[str, Any]:
+    """The part of every kind's resume patch that records which attempt it was resumed for."""
+    return {"metadata": {"annotations": {ATTEMPT_ANNOTATION: str(attempt)}}}
+
+
 def resume_body(attempt: int) -> dict[str, Any]:
     """Unsuspend for `attempt` (each kind adds its templates before the first run)."""
-    return {
-        "metadata": {"annotations": {ATTEMPT_ANNOTATION: str(attempt)}},
-        "spec": {"suspend": False},
-    }
+    return {**resume_attempt_annotation(attempt), "spec": {"suspend": False}}
 
 
 def at_version(patch: Mapping[str, Any], seen: Mapping[str, Any]) -> dict[str, Any]:

@@ -326,10 +326,16 @@ def _job_ref(raw: Any) -> JobRef | None:
         return None
     if not isinstance(raw, dict) or not all(raw.get(k) for k in ("kind", "name", "uid")):
         raise InvalidSpec("spec.jobRef: needs kind, name and uid")
-    queued = (("batch/v1", "Job"), ("jobset.x-k8s.io/v1alpha2", "JobSet"))
+    queued = (
+        ("batch/v1", "Job"),
+        ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+        ("kubeflow.org/v1", "PyTorchJob"),
+        ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    )
     if (raw.get("apiVersion"), raw.get("kind")) not in queued:
         raise InvalidSpec(
-            f"spec.jobRef: only batch/v1 Jobs and jobset.x-k8s.io/v1alpha2 JobSets are queued "
+            f"spec.jobRef: only batch/v1 Jobs, jobset.x-k8s.io/v1alpha2 JobSets, "
+            f"kubeflow.org/v1 PyTorchJobs and trainer.kubeflow.org/v1alpha1 TrainJobs are queued "
             f"this way, got {raw.get('apiVersion')} {raw.get('kind')}"
         )
     return JobRef(str(raw["apiVersion"]), str(raw["kind"]), str(raw["name"]), str(raw["uid"]))

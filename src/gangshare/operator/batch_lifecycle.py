@@ -19,7 +19,7 @@ from gangshare.kube.claims import admitted_class
 from gangshare.kube.queued import STATUS_ANNOTATION, WorkloadKind, is_queued
 from gangshare.kube.queued_kinds import kind_of
 from gangshare.kube.queued_shape import shape_change
-from gangshare.kube.queued_writes import resumed_attempt, suspend_patch, suspended, ungate_patch
+from gangshare.kube.queued_writes import resumed_attempt, ungate_patch
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Displacement, Event, Observation
@@ -64,6 +64,8 @@ class BatchActions:
     events: list[Event] = field(default_factory=list)  # about the TrainingJob
     job_events: list[Event] = field(default_factory=list)  # about the Job
     job_patch: dict[str, Any] | None = None  # suspend, or resume for the admitted attempt
+    # Prepares the child it runs through before its first resume (a TrainJob's JobSet).
+    child_patch: dict[str, Any] | None = None
     ungate: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (pod, patch)
     note: str | None = None  # the Job's gangshare.io/status annotation, when it must change
     requeue_after: float | None = None
@@ -77,6 +79,7 @@ class BatchActions:
             or self.events
             or self.job_events
             or self.job_patch
+            or self.child_patch
             or self.ungate
             or self.note is not None
             or self.delete_workload
@@ -138,10 +141,10 @@ def detect_batch_actions(
         elif phase in HOLDING:
             _advance(kind, spec, seen, status, gen, limits, backoff_base_seconds, actions)
     after = actions.status.get("phase", phase)
-    unsuspended = not suspended(job) and actions.job_patch is None
+    unsuspended = not kind.suspended(job) and actions.job_patch is None
     if after not in HOLDING and unsuspended and kind.finished(job) is None:
         # Not admitted (or admitted no more): the Job must not run outside its queue.
-        actions.job_patch = suspend_patch()
+        actions.job_patch = kind.suspend_patch()
         why = actions.status.get("message") or status.get("message") or "waiting for admission"
         actions.job_events.append(Event("Normal", "Suspended", f"suspended by gangshare: {why}"))
     message = actions.status.get("message", status.get("message"))
@@ -202,13 +205,17 @@ def _advance(
         return
     decided = admitted_class(seen.workload)
     name = str(seen.workload["metadata"]["name"])
-    if suspended(job) or resumed_attempt(job) != attempt:
-        if not suspended(job):
+    if kind.suspended(job) or resumed_attempt(job) != attempt:
+        if not kind.suspended(job):
             # Running for another attempt (or resumed by hand): suspended first, resumed after.
-            actions.job_patch = suspend_patch()
+            actions.job_patch = kind.suspend_patch()
         elif not kind.prepared(job, name) and kind.frozen(job):
             actions.take(fail_invalid(status, FROZEN, seen.now, gen))
         elif kind.may_resume(job, seen.pods):
+            child = kind.child_patch(job, name) if kind.child_patch is not None else None
+            if child is not None:
+                actions.child_patch = child  # resumed on the child's next event
+                return
             actions.job_patch = kind.resume_patch(job, name, attempt)
             actions.job_events.append(
                 Event("Normal", "Resumed", status.get("message") or "admitted by gangshare")
@@ -292,8 +299,8 @@ def _released(
         return False
     actions.take(shared)
     job = seen.job or {}
-    if not suspended(job):
-        actions.job_patch = suspend_patch()
+    if not kind.suspended(job):
+        actions.job_patch = kind.suspend_patch()
     message = str(shared.status.get("message", ""))
     actions.job_events.append(Event("Warning", "Suspended", f"suspended by gangshare: {message}"))
     return True

@@ -15,6 +15,7 @@ from typing import Any
 
 from gangshare.core.clock import Clock
 from gangshare.kube.queued import (
+    CHILD_KEY,
     STATUS_ANNOTATION,
     WorkloadKind,
     is_queued,
@@ -25,8 +26,6 @@ from gangshare.kube.queued_kinds import kind_of
 from gangshare.kube.queued_writes import (
     at_version,
     status_annotation_patch,
-    suspend_patch,
-    suspended,
 )
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
@@ -38,6 +37,7 @@ from gangshare.operator.batch_lifecycle import (
 from gangshare.operator.batchapi import BatchApi
 from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
 from gangshare.operator.lifecycle import Limits
+from gangshare.operator.metrics import OperatorMetrics
 
 log = logging.getLogger("gangshare.operator")
 MAX_PASSES = 4
@@ -56,9 +56,12 @@ class BatchReconciler:
         limits: Limits | None = None,
         backoff_base_seconds: float = 10.0,
         scheduler_name: str = "gangshare-scheduler",
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.api = api
         self.batch = batch
+        # Requeues, preemptions and failures of queued objects, counted under their kind.
+        self.metrics = metrics
         self.scheduler_name = scheduler_name
         self.clock = clock
         self.limits = limits or Limits()
@@ -79,6 +82,7 @@ class BatchReconciler:
             job = self.batch.get(kind, namespace, str(ref.get("name", "")))
             if job is not None and job["metadata"].get("uid") != ref.get("uid"):
                 job = None  # a new Job of the same name: this TrainingJob's owner is gone
+            job = self._with_child(kind, job)
             pods = self.api.list_job_pods(namespace, name)
             seen = BatchObservation(workload, job, pods, self.clock.now(), displaced)
             actions = detect_batch_actions(seen, self.limits, self.backoff_base_seconds)
@@ -105,6 +109,8 @@ class BatchReconciler:
         namespace = workload["metadata"]["namespace"]
         if actions.status:
             self.api.patch_job_status(workload, actions.status)
+            if self.metrics is not None:
+                self.metrics.applied(workload, actions)
         for event in actions.events:
             self.api.post_event(workload, event.type, event.reason, event.message, "Reconcile")
         if job is None:
@@ -112,6 +118,11 @@ class BatchReconciler:
         job_name = job["metadata"]["name"]
         if actions.delete_workload:
             self.api.delete_job(namespace, workload["metadata"]["name"])
+        child = job.get(CHILD_KEY)
+        if actions.child_patch is not None and kind.child_kind is not None and child:
+            # The child (a TrainJob's JobSet) prepared first, conditional on its version too.
+            patch = at_version(actions.child_patch, child)
+            self.batch.patch(kind.child_kind, namespace, child["metadata"]["name"], patch)
         if actions.job_patch is not None:
             # Conditional on the version decided from: a write delayed past a takeover (a
             # deposed leader's resume) cannot undo what the new leader wrote since (#36).
@@ -152,14 +163,41 @@ class BatchReconciler:
 
         self._adopting.submit(run)
 
+    def adopt_by_name_later(self, kind: WorkloadKind, name: str, namespace: str, then: Any) -> None:
+        """adopt_later() for an object known by name (a TrainJob whose JobSet just came)."""
+
+        def run() -> None:
+            try:
+                found = self.batch.get(kind, namespace, name)
+                adopted = self.adopt(kind, found) if found is not None else None
+            except Exception:  # the object's next event or the resync tries again
+                log.exception("adoption of %s %s/%s failed", kind.kind, namespace, name)
+                return
+            if adopted is not None:
+                then(namespace, adopted)
+
+        self._adopting.submit(run)
+
+    def _with_child(self, kind: WorkloadKind, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The object with its child attached (a TrainJob with its JobSet), for kinds run so."""
+        if job is None or kind.attach_child is None or kind.child_kind is None:
+            return job
+        meta = job["metadata"]
+        found = self.batch.get(kind.child_kind, meta["namespace"], meta["name"])
+        return kind.attach_child(job, found)
+
     def adopt(self, kind: WorkloadKind, job: dict[str, Any]) -> str | None:
         """The labelled object's TrainingJob, created or brought up to date; its name, or None
-        when the object is no gang (then it says why and stays suspended)."""
+        when the object is no gang (then it says why and stays suspended), or when the child
+        it runs through is not there yet (its creation event adopts it then)."""
         meta = job["metadata"]
         if meta.get("deletionTimestamp") or not is_queued(job):
             return None
         namespace = meta["namespace"]
-        job = {"apiVersion": kind.api_version, "kind": kind.kind, **job}
+        typed = {"apiVersion": kind.api_version, "kind": kind.kind, **job}
+        job = self._with_child(kind, typed) or typed
+        if kind.attach_child is not None and not job.get(CHILD_KEY):
+            return None
         try:
             spec = kind.parse(job)
         except InvalidSpec as err:
@@ -173,9 +211,9 @@ class BatchReconciler:
             if refusal is not None:
                 self._refuse(kind, job, refusal)
                 return None
-            if not suspended(job) and kind.finished(job) is None:
+            if not kind.suspended(job) and kind.finished(job) is None:
                 # Only reachable without the admission policy: stop it before it runs on.
-                self.batch.patch(kind, namespace, meta["name"], suspend_patch())
+                self.batch.patch(kind, namespace, meta["name"], kind.suspend_patch())
                 self.batch.post_event(
                     job,
                     "Warning",
@@ -209,8 +247,8 @@ class BatchReconciler:
         note = f"Invalid: {message}"
         if ((meta.get("annotations") or {}).get(STATUS_ANNOTATION)) == note:
             return  # said already
-        if not suspended(job) and kind.finished(job) is None:
-            self.batch.patch(kind, meta["namespace"], meta["name"], suspend_patch())
+        if not kind.suspended(job) and kind.finished(job) is None:
+            self.batch.patch(kind, meta["namespace"], meta["name"], kind.suspend_patch())
         self.batch.patch(kind, meta["namespace"], meta["name"], status_annotation_patch(note))
         self.batch.post_event(job, "Warning", "InvalidSpec", message, "Adopt")
         log.warning("%s %s not queued: %s", kind.kind, _key(job), message)

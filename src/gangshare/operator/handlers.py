@@ -12,10 +12,9 @@ from typing import Any
 import kopf
 
 from gangshare.core.annotations import JOB_LABEL
-from gangshare.kube.batchjob import JOB
-from gangshare.kube.jobset import JOBSET
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.queued import WorkloadKind, is_queued, was_queued
+from gangshare.kube.queued_kinds import KINDS, parent_of
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.reconcile import Reconciler
@@ -117,6 +116,13 @@ def build_registry(
         # One that was queued and lost its label: its TrainingJob is reconciled, and released.
         if type == "DELETED" or not leading() or reconciler.batch is None:
             return
+        parent = parent_of(kind, body)
+        if parent is not None:
+            # A TrainJob's JobSet: its parent is the gang (sized from it, now it exists).
+            namespace = str((body.get("metadata") or {}).get("namespace", ""))
+            reconciler.batch.adopt_by_name_later(*parent, namespace, reconciler.reconcile_later)
+            loop.poke()
+            return
         if is_queued(body):
             reconciler.batch.adopt_later(kind, dict(body), reconciler.reconcile_later)
         elif was_queued(body):
@@ -127,8 +133,9 @@ def build_registry(
             return
         loop.poke()
 
-    for kind in (JOB, JOBSET):
-        # kopf waits for a kind whose CRD is not installed (JobSet's) and follows it once it is.
+    for kind in KINDS.values():
+        # kopf waits for a kind whose CRD is not installed (JobSet's, Kubeflow's) and follows it
+        # once it is.
         # Not filtered by the queue label: a Job whose label is removed must still be seen.
         kopf.on.event(
             kind.group,

@@ -249,6 +249,7 @@ def run_operator(args: argparse.Namespace) -> int:
         options.limits,
         options.backoff_base_seconds,
         scheduler_name=args.scheduler_name,
+        metrics=reconciler.metrics,
     )
     # The loop reads from watch-fed stores; a standby keeps them warm too, so a new leader's
     # first pass needs no listing.

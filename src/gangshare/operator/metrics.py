@@ -6,22 +6,29 @@ happened (admissions, requeues, failures) is counted where it is committed: the 
 status write in the scheduling loop, the status write of applied Actions in the reconciler.
 Only the leader runs passes and reconciles, so only the leader's series move; a standby
 reports `gangshare_operator_leader 0` and no snapshot.
+
+The series of jobs (the jobs gauge, admissions, requeues, preemptions, gang failures) carry a
+`kind` label: what the TrainingJob record queues, kube.queued_kinds.workload_kind_name (one of
+TrainingJob, Job, JobSet, PyTorchJob, TrainJob, Other), so each workload is counted under its
+kind and the label stays bounded. Histograms (queue wait, gang start) do not, to keep their
+bucket series few.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gangshare.core.queues import QueueSpec
+from gangshare.kube.queued_kinds import workload_kind_name
 from gangshare.kube.snapshot import parse_time
-from gangshare.operator.actions import Actions
+from gangshare.operator.actions import Event
 
 # Every phase a TrainingJob's status can have; New: no status yet (the operator has not seen it).
 PHASES = ("New", "Queued", "Admitted", "Running", "Restarting", "Succeeded", "Failed")
@@ -29,23 +36,31 @@ PHASES = ("New", "Queued", "Admitted", "Running", "Restarting", "Succeeded", "Fa
 REQUEUE_REASONS = ("GangDisplaced", "GangStartTimeout", "Preempted", "OpportunisticEvicted")
 # Event reasons handle_failure posts: a restart after a failure, or the job's end.
 FAILURE_REASONS = ("GangRestarting", "Failed")
+# The `kind` label of the per-job series: what a TrainingJob record queues
+# (kube.queued_kinds.workload_kind_name), so every workload is counted under its kind.
+KIND_HELP = (
+    "kind (what the TrainingJob record queues: TrainingJob, one of its own; Job, JobSet, "
+    "PyTorchJob or TrainJob, the object its spec.jobRef names; Other, a jobRef to none of those)"
+)
 
-TrainingJobKey = tuple[str, str, str]  # (phase, service_class, queue)
+TrainingJobKey = tuple[str, str, str, str]  # (phase, service_class, queue, kind)
 
 
 def trainingjob_counts(jobs: Iterable[Mapping[str, Any]]) -> dict[TrainingJobKey, int]:
-    """TrainingJobs by (phase, service class, queue); every phase, 0 included, for each class
-    and queue that has a job, so a count that drops to 0 reads 0 instead of vanishing."""
+    """TrainingJobs by (phase, service class, queue, kind); every phase, 0 included, for each
+    class, queue and kind that has a job, so a count that drops to 0 reads 0 instead of
+    vanishing."""
     counts: dict[TrainingJobKey, int] = {}
     for job in jobs:
         spec, status = job.get("spec") or {}, job.get("status") or {}
         # As kube.claims.admitted_class: the class admission decided, else what the spec asks.
         service_class = str(status.get("serviceClass") or spec.get("serviceClass", "Guaranteed"))
         queue = str(spec.get("queue", "default"))
+        kind = workload_kind_name(job)
         for phase in PHASES:
-            counts.setdefault((phase, service_class, queue), 0)
-        phase = str(status.get("phase") or "New")
-        counts[(phase, service_class, queue)] = counts.get((phase, service_class, queue), 0) + 1
+            counts.setdefault((phase, service_class, queue, kind), 0)
+        key = (str(status.get("phase") or "New"), service_class, queue, kind)
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -84,6 +99,17 @@ def queue_samples(
     return samples
 
 
+class Committed(Protocol):
+    """What outcome_of reads of a reconcile's decision: operator.actions.Actions, or the
+    BatchActions of a record that queues another kind (the same status and events)."""
+
+    @property
+    def status(self) -> Mapping[str, Any]: ...
+
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one set of applied Actions counts."""
@@ -97,7 +123,7 @@ class Outcome:
     start_seconds: float | None = None
 
 
-def outcome_of(job: Mapping[str, Any], actions: Actions) -> Outcome:
+def outcome_of(job: Mapping[str, Any], actions: Committed) -> Outcome:
     reasons = [event.reason for event in actions.events]
     status = job.get("status") or {}
     failure = actions.status.get("lastFailure") or {}
@@ -142,9 +168,9 @@ class _Snapshot(Collector):
 TRAININGJOBS_HELP = (
     "TrainingJobs present (not being deleted) after the last scheduling pass, by phase (New: "
     "not seen by the operator yet, Queued, Admitted, Running, Restarting, Succeeded, Failed), "
-    "service_class (Guaranteed or Opportunistic: the class admission decided, else the spec's) "
-    "and queue (spec.queue). Every phase is reported, 0 included, for each class and queue "
-    "that has a job."
+    "service_class (Guaranteed or Opportunistic: the class admission decided, else the spec's), "
+    "queue (spec.queue) and " + KIND_HELP + ". Every phase is reported, 0 included, for each "
+    "class, queue and kind that has a job."
 )
 SECONDS_TO_A_DAY = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
 
@@ -187,9 +213,9 @@ class OperatorMetrics:
         self.admissions = Counter(
             "gangshare_admissions_total",
             "Gangs admitted, by queue (spec.queue), service_class (the class admitted as: "
-            "Guaranteed, or Opportunistic, which borrowing always is) and borrowed (true: on "
-            "quota borrowed from the cohort; false).",
-            ["queue", "service_class", "borrowed"],
+            "Guaranteed, or Opportunistic, which borrowing always is), borrowed (true: on "
+            "quota borrowed from the cohort; false) and " + KIND_HELP + ".",
+            ["queue", "service_class", "borrowed", "kind"],
             registry=r,
         )
         self.reconciles = Counter(
@@ -201,9 +227,9 @@ class OperatorMetrics:
         )
         self.preemptions = Counter(
             "gangshare_preemptions_total",
-            "Running gangs evicted whole by the scheduler, by queue (the victim's spec.queue) "
-            "and reason (Reclaimed: its cohort's lenders took their quota back).",
-            ["queue", "reason"],
+            "Running gangs evicted whole by the scheduler, by queue (the victim's spec.queue), "
+            "reason (Reclaimed: its cohort's lenders took their quota back) and " + KIND_HELP + ".",
+            ["queue", "reason", "kind"],
             registry=r,
         )
         self.requeues = Counter(
@@ -211,16 +237,16 @@ class OperatorMetrics:
             "Gangs whose GPUs were released and that went back to their queue, keeping their "
             "place, by reason (the event's: GangDisplaced: the plan broke before it started; "
             "GangStartTimeout: workers not all bound in time; Preempted: reclaimed by lenders; "
-            "OpportunisticEvicted: the node's coordinator evicted a worker).",
-            ["reason"],
+            "OpportunisticEvicted: the node's coordinator evicted a worker) and " + KIND_HELP + ".",
+            ["reason", "kind"],
             registry=r,
         )
         self.gang_failures = Counter(
             "gangshare_gang_failures_total",
             "Gang failures (a restart or the job's end), by failure_class (User: the job's own "
             "error; Infrastructure: eviction, node loss, signals, late exits), as in "
-            "status.lastFailure.class.",
-            ["failure_class"],
+            "status.lastFailure.class, and " + KIND_HELP + ".",
+            ["failure_class", "kind"],
             registry=r,
         )
         self.gang_start = Histogram(
@@ -235,13 +261,15 @@ class OperatorMetrics:
         self.set_trainingjob_counts(trainingjob_counts(jobs))
 
     def set_trainingjob_counts(self, counts: Mapping[TrainingJobKey, int]) -> None:
-        """The snapshot from counts by (phase, service class, queue), as trainingjob_counts
-        makes them from the objects (the simulator keeps them as it goes); every phase is
-        reported, 0 included, for each class and queue that has a count."""
+        """The snapshot from counts by (phase, service class, queue, kind), as
+        trainingjob_counts makes them from the objects (the simulator keeps them as it goes);
+        every phase is reported, 0 included, for each class, queue and kind that has a count."""
         family = GaugeMetricFamily(
-            "gangshare_trainingjobs", TRAININGJOBS_HELP, labels=["phase", "service_class", "queue"]
+            "gangshare_trainingjobs",
+            TRAININGJOBS_HELP,
+            labels=["phase", "service_class", "queue", "kind"],
         )
-        full = {(phase, c, q): 0 for _, c, q in counts for phase in PHASES}
+        full = {(phase, c, q, k): 0 for _, c, q, k in counts for phase in PHASES}
         full.update(counts)
         for key, count in sorted(full.items()):
             family.add_metric(list(key), count)
@@ -258,19 +286,22 @@ class OperatorMetrics:
             families.append(family)
         self._queues.replace(families)
 
-    def admitted(self, queue: str, service_class: str, borrowed: bool, wait: float) -> None:
-        self.admissions.labels(queue, service_class, "true" if borrowed else "false").inc()
+    def admitted(
+        self, queue: str, service_class: str, borrowed: bool, wait: float, kind: str
+    ) -> None:
+        """Count an admission; `kind` as kube.queued_kinds.workload_kind_name of the record."""
+        self.admissions.labels(queue, service_class, "true" if borrowed else "false", kind).inc()
         self.queue_wait.labels(queue).observe(wait)
 
-    def applied(self, job: Mapping[str, Any], actions: Actions) -> None:
+    def applied(self, job: Mapping[str, Any], actions: Committed) -> None:
         """Count what a reconcile just committed (its status write succeeded)."""
-        outcome = outcome_of(job, actions)
+        outcome, kind = outcome_of(job, actions), workload_kind_name(job)
         for reason in outcome.requeues:
-            self.requeues.labels(reason).inc()
+            self.requeues.labels(reason, kind).inc()
         if outcome.preempted_queue is not None:
-            self.preemptions.labels(outcome.preempted_queue, "Reclaimed").inc()
+            self.preemptions.labels(outcome.preempted_queue, "Reclaimed", kind).inc()
         if outcome.failure_class is not None:
-            self.gang_failures.labels(outcome.failure_class).inc()
+            self.gang_failures.labels(outcome.failure_class, kind).inc()
         if outcome.start_seconds is not None:
             self.gang_start.observe(outcome.start_seconds)
 

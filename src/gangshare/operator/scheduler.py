@@ -25,6 +25,7 @@ from gangshare.core.queueing import QueuePolicy, RunningJob
 from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
 from gangshare.kube.claims import job_key
 from gangshare.kube.queue import default_queue_object, parse_queue
+from gangshare.kube.queued_kinds import workload_kind_name
 from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
@@ -376,7 +377,11 @@ class SchedulerLoop:
         except Conflict:
             return False  # the job changed under us; the next pass plans it again
         self.metrics.admitted(
-            admission.job.queue, admission.service_class.value, admission.borrowed, wait
+            admission.job.queue,
+            admission.service_class.value,
+            admission.borrowed,
+            wait,
+            workload_kind_name(job),
         )
         reason = "AdmittedBorrowing" if admission.borrowed else "Admitted"
         self.api.post_event(job, "Normal", reason, message, action="Schedule")

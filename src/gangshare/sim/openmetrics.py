@@ -28,6 +28,7 @@ wait is measured from its submission, which a requeue keeps (queuedAt). Jobs the
 rejects up front (they could never run) are counted nowhere, as validation would refuse them.
 Queue gauges cover every queue of the cluster spec and of the trace; the per-GPU series are the
 ledger's modelled SM utilization and memory in use, labelled with the simulated node names.
+A replayed job is a TrainingJob of its own: its series' `kind` label is TrainingJob.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
     from gangshare.sim.engine import Simulation
 
 DEFAULT_STEP_SECONDS = 60.0
+# The `kind` label of every replayed job (kube.queued_kinds.workload_kind_name of a TrainingJob
+# without spec.jobRef): a trace names no other kind of workload.
+KIND = "TrainingJob"
 
 # The families a replay writes (family names, as collect() names them: no _total).
 WRITTEN = frozenset(
@@ -137,15 +141,15 @@ class ReplayMetrics:
 
     def admitted(self, key: str, service_class: str, borrowed: bool, wait: float) -> None:
         job = self._jobs[key]
-        self.operator.admitted(job.queue, service_class, borrowed, wait)
+        self.operator.admitted(job.queue, service_class, borrowed, wait, KIND)
         self._move(key, _Job("Running", service_class, job.queue, job.spec_class))
 
     def requeued(self, key: str, reason: str) -> None:
         """Released and back in its queue: Preempted (reclaimed) or OpportunisticEvicted."""
         job = self._jobs[key]
-        self.operator.requeues.labels(reason).inc()
+        self.operator.requeues.labels(reason, KIND).inc()
         if reason == "Preempted":
-            self.operator.preemptions.labels(job.queue, "Reclaimed").inc()
+            self.operator.preemptions.labels(job.queue, "Reclaimed", KIND).inc()
         self._move(key, _Job("Queued", job.spec_class, job.queue, job.spec_class))
 
     def finished(self, key: str) -> None:
@@ -176,9 +180,9 @@ class ReplayMetrics:
     def _move(self, key: str, job: _Job) -> None:
         old = self._jobs.get(key)
         if old is not None:
-            self._counts[(old.phase, old.service_class, old.queue)] -= 1
+            self._counts[(old.phase, old.service_class, old.queue, KIND)] -= 1
         self._jobs[key] = job
-        new = (job.phase, job.service_class, job.queue)
+        new = (job.phase, job.service_class, job.queue, KIND)
         self._counts[new] = self._counts.get(new, 0) + 1
 
     def _queue_state(self, sim: Simulation) -> None:
@@ -188,7 +192,7 @@ class ReplayMetrics:
             q: {"pendingJobs": 0, "admittedJobs": 0, "guaranteedGPUs": 0, "borrowedGPUs": 0}
             for q in self._queues
         }
-        for (phase, _, queue), count in self._counts.items():
+        for (phase, _, queue, _), count in self._counts.items():
             if phase == "Queued":
                 statuses[queue]["pendingJobs"] += count
             elif phase == "Running":

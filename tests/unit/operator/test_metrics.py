@@ -5,12 +5,18 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from jobs import make_job, pod
+from fake_apiserver import FakeApiServer
+from jobs import JobBuilder, make_job, nodes, pod
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gangshare.core.clock import ManualClock
+from gangshare.core.queueing import QueuePolicy
 from gangshare.core.queues import QueueSpec
+from gangshare.kube.queue import default_queue_object
+from gangshare.kube.queued_kinds import workload_kind_name
 from gangshare.operator.actions import Actions, Displacement, Event, Observation
+from gangshare.operator.informers import Informers
 from gangshare.operator.lifecycle import detect_actions
 from gangshare.operator.metrics import (
     PHASES,
@@ -21,9 +27,24 @@ from gangshare.operator.metrics import (
     serve,
     trainingjob_counts,
 )
+from gangshare.operator.reconcile import OperatorOptions, Reconciler
+from gangshare.operator.scheduler import SchedulerLoop
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 ADMITTED_AT = "2027-01-15T08:00:00Z"
+# spec.jobRef's (apiVersion, kind) of the records the operator makes for each queued kind.
+JOB_REFS = {
+    "Job": ("batch/v1", "Job"),
+    "JobSet": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    "PyTorchJob": ("kubeflow.org/v1", "PyTorchJob"),
+    "TrainJob": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+}
+
+
+def record(name: str, api_version: str, kind: str) -> JobBuilder:
+    """The TrainingJob the operator makes to queue `kind` `name` (spec.jobRef names it)."""
+    ref = {"apiVersion": api_version, "kind": kind, "name": name, "uid": f"uid-{kind}-{name}"}
+    return make_job(f"{kind.lower()}-{name}").spec(jobRef=ref)
 
 
 def samples(metrics: OperatorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -57,14 +78,14 @@ def test_trainingjobs_are_counted_by_phase_admitted_class_and_queue_with_zeros_f
         {"metadata": {"name": "e", "namespace": "t"}, "spec": {"workers": 1}},
     ]
     counts = trainingjob_counts(jobs)
-    assert counts[("Running", "Guaranteed", "research")] == 2
-    assert counts[("Queued", "Guaranteed", "research")] == 1
-    assert counts[("Admitted", "Opportunistic", "research")] == 1
-    assert counts[("Admitted", "Guaranteed", "research")] == 0
-    assert counts[("New", "Guaranteed", "default")] == 1
-    # Every phase for each (class, queue) seen, so an emptied phase reads 0.
-    assert {k for k in counts if k[1:] == ("Guaranteed", "research")} == {
-        (p, "Guaranteed", "research") for p in PHASES
+    assert counts[("Running", "Guaranteed", "research", "TrainingJob")] == 2
+    assert counts[("Queued", "Guaranteed", "research", "TrainingJob")] == 1
+    assert counts[("Admitted", "Opportunistic", "research", "TrainingJob")] == 1
+    assert counts[("Admitted", "Guaranteed", "research", "TrainingJob")] == 0
+    assert counts[("New", "Guaranteed", "default", "TrainingJob")] == 1
+    # Every phase for each (class, queue, kind) seen, so an emptied phase reads 0.
+    assert {k for k in counts if k[1:] == ("Guaranteed", "research", "TrainingJob")} == {
+        (p, "Guaranteed", "research", "TrainingJob") for p in PHASES
     }
     assert sum(counts.values()) == len(jobs)
     assert trainingjob_counts([]) == {}
@@ -80,6 +101,7 @@ def test_the_trainingjobs_gauge_is_replaced_whole_each_pass():
             phase="Running",
             service_class="Guaranteed",
             queue="q1",
+            kind="TrainingJob",
         )
         == 1
     )
@@ -93,14 +115,71 @@ def test_the_trainingjobs_gauge_is_replaced_whole_each_pass():
             phase="Queued",
             service_class="Guaranteed",
             queue="q2",
+            kind="TrainingJob",
         )
         == 1
     )
     text = generate_latest(metrics.registry).decode()
     assert "# TYPE gangshare_trainingjobs gauge" in text
     # The help text documents the label values.
-    for documented in ("Restarting", "Opportunistic", "spec.queue"):
+    for documented in ("Restarting", "Opportunistic", "spec.queue", "PyTorchJob", "spec.jobRef"):
         assert documented in text
+
+
+def test_a_record_is_counted_under_the_kind_its_job_ref_names():
+    assert workload_kind_name(make_job("own").build()) == "TrainingJob"
+    assert workload_kind_name({"metadata": {"name": "bare"}}) == "TrainingJob"
+    for kind, (api_version, name) in JOB_REFS.items():
+        assert workload_kind_name(record("x", api_version, name).build()) == kind
+    # A kind gangshare does not queue, or a known kind at another version: one bounded value.
+    assert workload_kind_name(record("x", "kubeflow.org/v1", "MPIJob").build()) == "Other"
+    assert workload_kind_name(record("x", "kubeflow.org/v2", "PyTorchJob").build()) == "Other"
+    assert workload_kind_name(make_job("odd").spec(jobRef={}).build()) == "Other"
+
+
+def test_trainingjobs_of_each_kind_are_counted_under_their_kind():
+    jobs = [
+        make_job("own").spec(queue="research").status(phase="Running").build(),
+        record("sweep", *JOB_REFS["JobSet"]).spec(queue="research").status(phase="Running").build(),
+        record("sweep2", *JOB_REFS["JobSet"]).spec(queue="research").status(phase="Queued").build(),
+        record("ddp", *JOB_REFS["PyTorchJob"])
+        .spec(queue="research")
+        .status(phase="Running")
+        .build(),
+        record("llm", *JOB_REFS["TrainJob"]).spec(queue="research").build(),
+        record("batch", *JOB_REFS["Job"]).spec(queue="research").status(phase="Succeeded").build(),
+        record("mpi", "kubeflow.org/v1", "MPIJob").spec(queue="research").build(),
+    ]
+    counts = trainingjob_counts(jobs)
+    running = {k[3]: n for k, n in counts.items() if k[0] == "Running" and n}
+    assert running == {"TrainingJob": 1, "JobSet": 1, "PyTorchJob": 1}
+    assert counts[("Queued", "Guaranteed", "research", "JobSet")] == 1
+    assert counts[("New", "Guaranteed", "research", "TrainJob")] == 1
+    assert counts[("Succeeded", "Guaranteed", "research", "Job")] == 1
+    assert counts[("New", "Guaranteed", "research", "Other")] == 1
+    # Every phase, 0 included, for each kind seen (a kind's emptied phase reads 0 too).
+    assert counts[("Running", "Guaranteed", "research", "TrainJob")] == 0
+    assert {k[3] for k in counts} == {"TrainingJob", *JOB_REFS, "Other"}
+    assert sum(counts.values()) == len(jobs)
+
+    metrics = OperatorMetrics()
+    metrics.set_trainingjobs(jobs)
+    running_series = {
+        dict(labels)["kind"]: v
+        for (name, labels), v in samples(metrics).items()
+        if name == "gangshare_trainingjobs" and ("phase", "Running") in labels and v
+    }
+    assert running_series == {"TrainingJob": 1, "JobSet": 1, "PyTorchJob": 1}
+    # Summed over kind (as the dashboards do), the counts are what they were without it.
+    by_phase: dict[str, float] = {}
+    for (name, labels), v in samples(metrics).items():
+        if name == "gangshare_trainingjobs":
+            by_phase[dict(labels)["phase"]] = by_phase.get(dict(labels)["phase"], 0) + v
+    assert by_phase == {"New": 2, "Queued": 1, "Admitted": 0, "Running": 3} | {
+        "Restarting": 0,
+        "Succeeded": 1,
+        "Failed": 0,
+    }
 
 
 # ----- queue gauges ---------------------------------------------------------------------------
@@ -184,8 +263,9 @@ def test_a_reclaimed_borrower_counts_a_preemption_and_a_requeue():
     assert outcome_of(job, actions).preempted_queue == "b"
     metrics = OperatorMetrics()
     metrics.applied(job, actions)
-    assert value(metrics, "gangshare_preemptions_total", queue="b", reason="Reclaimed") == 1
-    assert value(metrics, "gangshare_requeues_total", reason="Preempted") == 1
+    reclaimed = {"queue": "b", "reason": "Reclaimed", "kind": "TrainingJob"}
+    assert value(metrics, "gangshare_preemptions_total", **reclaimed) == 1
+    assert value(metrics, "gangshare_requeues_total", reason="Preempted", kind="TrainingJob") == 1
 
 
 @pytest.mark.parametrize(
@@ -222,8 +302,9 @@ def test_a_failed_gang_counts_its_failure_class(exit_code, started, restarts, fa
     assert [e.reason for e in actions.events] == [event]
     metrics = OperatorMetrics()
     metrics.applied(job, actions)
-    assert value(metrics, "gangshare_gang_failures_total", failure_class=failure_class) == 1
-    assert value(metrics, "gangshare_requeues_total", reason="GangRestarting") is None
+    failures = {"failure_class": failure_class, "kind": "TrainingJob"}
+    assert value(metrics, "gangshare_gang_failures_total", **failures) == 1
+    assert not [k for k in samples(metrics) if k[0] == "gangshare_requeues_total"]
 
 
 def test_requeue_reasons_are_counted_from_the_applied_events_only():
@@ -240,10 +321,39 @@ def test_requeue_reasons_are_counted_from_the_applied_events_only():
     for reason in ("GangDisplaced", "OpportunisticEvicted"):
         metrics.applied(job, Actions(status={"phase": "Queued"}, events=[Event("W", reason, "")]))
     metrics.applied(job, actions)
-    assert value(metrics, "gangshare_requeues_total", reason="GangStartTimeout") == 1
-    assert value(metrics, "gangshare_requeues_total", reason="GangDisplaced") == 1
-    assert value(metrics, "gangshare_requeues_total", reason="OpportunisticEvicted") == 1
-    assert value(metrics, "gangshare_requeues_total", reason="Requeued") is None
+    requeues = {
+        dict(labels)["reason"]: v
+        for (name, labels), v in samples(metrics).items()
+        if name == "gangshare_requeues_total"
+    }
+    assert requeues == {"GangStartTimeout": 1, "GangDisplaced": 1, "OpportunisticEvicted": 1}
+    assert value(metrics, "gangshare_requeues_total", reason="GangDisplaced", kind="TrainingJob")
+
+
+def test_what_a_record_commits_is_counted_under_its_kind():
+    """The same steps for the records of a PyTorchJob and a JobSet: their kind, not TrainingJob
+    (BatchActions carry the same status and events as Actions)."""
+    metrics = OperatorMetrics()
+    ddp = record("ddp", *JOB_REFS["PyTorchJob"]).spec(queue="b").build()
+    preempted = Actions(status={"phase": "Queued"}, events=[Event("W", "Preempted", "")])
+    metrics.applied(ddp, preempted)
+    reclaimed = {"queue": "b", "reason": "Reclaimed", "kind": "PyTorchJob"}
+    assert value(metrics, "gangshare_preemptions_total", **reclaimed) == 1
+    assert value(metrics, "gangshare_requeues_total", reason="Preempted", kind="PyTorchJob") == 1
+    sweep = record("sweep", *JOB_REFS["JobSet"]).build()
+    failed = Actions(
+        status={"phase": "Failed", "lastFailure": {"class": "User"}},
+        events=[Event("W", "Failed", "exit 1")],
+    )
+    metrics.applied(sweep, failed)
+    failures = {"failure_class": "User", "kind": "JobSet"}
+    assert value(metrics, "gangshare_gang_failures_total", **failures) == 1
+    metrics.applied(make_job("own").build(), failed)
+    failures = {"failure_class": "User", "kind": "TrainingJob"}
+    assert value(metrics, "gangshare_gang_failures_total", **failures) == 1
+    assert (
+        value(metrics, "gangshare_requeues_total", reason="Preempted", kind="TrainingJob") is None
+    )
 
 
 # ----- what the scheduling loop records --------------------------------------------------------
@@ -251,8 +361,8 @@ def test_requeue_reasons_are_counted_from_the_applied_events_only():
 
 def test_admissions_and_pass_timings_reach_the_exposition_text():
     metrics = OperatorMetrics()
-    metrics.admitted("research", "Guaranteed", False, 42.0)
-    metrics.admitted("research", "Opportunistic", True, 0.5)
+    metrics.admitted("research", "Guaranteed", False, 42.0, "TrainingJob")
+    metrics.admitted("research", "Opportunistic", True, 0.5, "JobSet")
     metrics.cycle.observe(0.2)
     metrics.decision.observe(0.003)
     assert (
@@ -262,6 +372,7 @@ def test_admissions_and_pass_timings_reach_the_exposition_text():
             queue="research",
             service_class="Opportunistic",
             borrowed="true",
+            kind="JobSet",
         )
         == 1
     )
@@ -272,6 +383,7 @@ def test_admissions_and_pass_timings_reach_the_exposition_text():
             queue="research",
             service_class="Guaranteed",
             borrowed="false",
+            kind="TrainingJob",
         )
         == 1
     )
@@ -284,6 +396,33 @@ def test_admissions_and_pass_timings_reach_the_exposition_text():
     )
     assert value(metrics, "gangshare_scheduling_cycle_duration_seconds_count") == 1
     assert value(metrics, "gangshare_admission_decision_seconds_count") == 1
+
+
+@pytest.mark.parametrize("kind", ["TrainingJob", "JobSet", "PyTorchJob"])
+def test_a_pass_counts_an_admission_under_the_kind_of_the_record(kind: str):
+    """The real scheduling loop on an API server answered from memory: a plain TrainingJob,
+    and the records of a JobSet and a PyTorchJob, each admitted and counted under its kind."""
+    job = make_job("own") if kind == "TrainingJob" else record("x", *JOB_REFS[kind])
+    queued = job.status(phase="Queued", queuedAt="2027-01-15T07:59:00Z").build()
+    server = FakeApiServer(queued, [], queues=[default_queue_object()])
+    api = server.kube_api()
+    informers = Informers()
+    informers.nodes.replace(nodes({"nodePools": [{"name": "n", "count": 1, "gpusPerNode": 2}]}))
+    informers.pods.replace([])
+    informers.jobs.replace([queued])
+    metrics = OperatorMetrics()
+    reconciler = Reconciler(api, ManualClock(NOW), OperatorOptions(), metrics)
+    loop = SchedulerLoop(
+        api, reconciler, QueuePolicy(), ManualClock(NOW), metrics=metrics, informers=informers
+    )
+    assert loop.run_once().admitted == [f"team/{queued['metadata']['name']}"]
+    admission = {"queue": "default", "service_class": "Guaranteed", "borrowed": "false"}
+    assert value(metrics, "gangshare_admissions_total", **admission, kind=kind) == 1
+    assert value(metrics, "gangshare_queue_wait_seconds_count", queue="default") == 1
+    jobs = {"phase": "Queued", "service_class": "Guaranteed", "queue": "default"}
+    assert value(metrics, "gangshare_trainingjobs", **jobs, kind=kind) == 1
+    admitted = [dict(k[1]) for k in samples(metrics) if k[0] == "gangshare_admissions_total"]
+    assert [labels["kind"] for labels in admitted] == [kind]
 
 
 def test_every_series_is_named_with_the_prefix_and_documented():

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 from jobs import make_job, pod
+from tests.unit.builders import make_node
 
 from gangshare.core.job import PodSet
 from gangshare.kube.claims import job_hold, pod_facts
 from gangshare.kube.ledger import Ledger
 from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
 from gangshare.operator.lifecycle import Observation, detect_actions
-from tests.unit.builders import make_node
 
 NOW = 1_800_000_000.0
 CPU = {"cpu": "2", "memory": "1Gi"}

@@ -88,16 +88,25 @@ def test_a_reclaim_by_hand_as_the_operator_would_count_it():
     assert stamps == [1000 + 25 * i for i in range(8)]
     assert values(series, "gangshare_operator_leader") == [1] * 8
     admissions = "gangshare_admissions_total"
-    a = {"queue": "a", "service_class": "Guaranteed", "borrowed": "false"}
+    # A replayed job is a TrainingJob of its own: that is the kind of every job's series.
+    tj = {"kind": "TrainingJob"}
+    a = {"queue": "a", "service_class": "Guaranteed", "borrowed": "false", **tj}
     assert values(series, admissions, **a) == [0, 1, 1, 1, 1, 2, 2, 2]
-    borrowed = {"queue": "a", "service_class": "Opportunistic", "borrowed": "true"}
+    borrowed = {"queue": "a", "service_class": "Opportunistic", "borrowed": "true", **tj}
     assert values(series, admissions, **borrowed) == [0, 1, 1, 1, 1, 1, 1, 1]
-    b = {"queue": "b", "service_class": "Guaranteed", "borrowed": "false"}
+    b = {"queue": "b", "service_class": "Guaranteed", "borrowed": "false", **tj}
     # First seen at t=50: a 0 at the sample before, so increase() counts it.
     assert values(series, admissions, **b) == [0, 1, 1, 1, 1, 1]
-    reclaimed = values(series, "gangshare_preemptions_total", queue="a", reason="Reclaimed")
+    reclaimed = values(series, "gangshare_preemptions_total", queue="a", reason="Reclaimed", **tj)
     assert reclaimed == [0, 1, 1, 1, 1, 1]
-    assert values(series, "gangshare_requeues_total", reason="Preempted") == [0, 1, 1, 1, 1, 1]
+    assert values(series, "gangshare_requeues_total", reason="Preempted", **tj) == [
+        0,
+        1,
+        1,
+        1,
+        1,
+        1,
+    ]
     assert values(series, "gangshare_queue_borrowed_gpus", queue="a") == [0, 2, 2, 0, 0, 0, 0, 0]
     assert values(series, "gangshare_queue_guaranteed_gpus", queue="a") == [0, 2, 2, 2, 2, 2, 2, 0]
     assert values(series, "gangshare_queue_guaranteed_gpus", queue="b") == [0, 0, 0, 2, 2, 2, 2, 0]
@@ -106,9 +115,9 @@ def test_a_reclaim_by_hand_as_the_operator_would_count_it():
     assert values(series, "gangshare_queue_nominal_gpus", queue="b") == [2] * 8
     # Requeued, A2 is counted with its spec's class again; every phase is there, 0 included.
     jobs = "gangshare_trainingjobs"
-    opportunistic = {"service_class": "Opportunistic", "queue": "a"}
+    opportunistic = {"service_class": "Opportunistic", "queue": "a", **tj}
     assert values(series, jobs, phase="Running", **opportunistic) == [1, 1, 0, 0, 0, 0, 0]
-    guaranteed = {"service_class": "Guaranteed", "queue": "a"}
+    guaranteed = {"service_class": "Guaranteed", "queue": "a", **tj}
     assert values(series, jobs, phase="Queued", **guaranteed) == [0, 0, 1, 1, 0, 0, 0]
     assert values(series, jobs, phase="Succeeded", **guaranteed) == [0, 0, 0, 0, 1, 1, 2]
     assert values(series, jobs, phase="Failed", **guaranteed) == [0] * 7
@@ -205,7 +214,14 @@ def test_counters_are_monotone_and_histograms_whole(replay):
         assert (f"{histogram}_sum", labels) in series
     assert types["gangshare_requeues"] == "counter"
     assert (
-        values(series, "gangshare_preemptions_total", queue="research", reason="Reclaimed")[-1] > 0
+        values(
+            series,
+            "gangshare_preemptions_total",
+            queue="research",
+            reason="Reclaimed",
+            kind="TrainingJob",
+        )[-1]
+        > 0
     )
 
 
