@@ -87,7 +87,7 @@ def test_a_node_scoped_gang_keeps_its_driver_on_the_workers_node() -> None:
     )
     plan = plan_gang(cluster, gang)
     assert isinstance(plan, Unschedulable)
-    assert "on the 1 node(s) its scope allows" in plan.reason
+    assert "in the gang's node (topology Required)" in plan.reason
     loose = make_gang("ns/js").workers(2).gpus(4).with_pod_set("driver", 1, 0, CPU_4).build()
     assert _plan(cluster, loose).placements[2].node == "cpu-0"
 
