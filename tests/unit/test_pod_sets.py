@@ -3,7 +3,7 @@ planned with the workers all or nothing (core/podsets.py)."""
 
 from __future__ import annotations
 
-from tests.unit.builders import make_cluster, make_gang, make_node
+from builders import make_cluster, make_gang, make_node
 
 from gangshare.core import Cluster, GangPlan, TopologyPolicy, TopologyScope, Unschedulable
 from gangshare.core.constraints import PodConstraints

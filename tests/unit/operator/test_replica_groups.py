@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from jobs import make_job, pod
-from tests.unit.builders import make_node
 
+from gangshare.core import Gpu, NodeState
 from gangshare.core.job import PodSet
 from gangshare.kube.claims import job_hold, pod_facts
 from gangshare.kube.ledger import Ledger
@@ -134,9 +134,9 @@ def launcher_pod(node: str | None, phase: str = "Pending") -> dict[str, Any]:
 
 def test_the_ledger_holds_a_cpu_ranks_plan_until_its_pod_is_bound():
     ledger = Ledger()
-    ledger.replace_nodes(
-        [make_node("n-0").gpus(8).allocatable(cpu_milli=16000, memory_gib=64).build()]
-    )
+    node = NodeState.build("n-0", [Gpu(i, f"GPU-{i}", "H100", 81920) for i in range(8)])
+    node.allocatable = {"cpu": 16000, "memory": 64 * 2**30, "pods": 110}
+    ledger.replace_nodes([node])
     running = copy.deepcopy(admitted())
     ledger.replace_jobs([running])
     hold, _ = job_hold(running)
