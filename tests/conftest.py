@@ -57,6 +57,7 @@ def crd(kube: Kube) -> Kube:
         "pytorchjob-admission-policy.yaml",
         "trainjob-admission-policy.yaml",
         "gang-gate-policy.yaml",
+        "pod-group-policy.yaml",
         "pod-owner-policy.yaml",
         "job-owner-policy.yaml",
         "queue.yaml",

@@ -360,6 +360,7 @@ def test_the_gang_gate_policy_lets_only_the_releases_operator_lift_the_gate(helm
         (ROOT / "crds" / "jobset-admission-policy.yaml", "queued-jobsets"),
         (ROOT / "crds" / "pytorchjob-admission-policy.yaml", "queued-pytorchjobs"),
         (ROOT / "crds" / "trainjob-admission-policy.yaml", "queued-trainjobs"),
+        (ROOT / "crds" / "pod-group-policy.yaml", "pod-groups"),
     ],
 )
 def test_the_queued_job_policies_are_the_repository_files(helm: Helm, file: Path, suffix: str):

@@ -28,6 +28,7 @@ from gangshare.core.annotations import (
 )
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.job import ServiceClass
+from gangshare.kube import podgroup
 from gangshare.kube.jobset import JOBSET_UID_LABEL
 from gangshare.kube.pytorchjob import API_VERSION as PYTORCHJOB_API_VERSION
 from gangshare.kube.pytorchjob import KIND as PYTORCHJOB_KIND
@@ -171,6 +172,13 @@ def worker_identity(pod: dict[str, Any]) -> WorkerIdentity | None:
     controller = next(
         (ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None
     )
+    group = podgroup.group_name(pod)
+    if group is not None and job == podgroup.PREFIX + group:
+        # A pod group's member answers to its group (kube/podgroup.py); its job label, rank
+        # and attempt are gangshare's alone to write (the chart's reserved-keys policy).
+        namespace = str(meta.get("namespace"))
+        uid = podgroup.group_uid(namespace, group)
+        return WorkerIdentity(f"{namespace}/{job}", uid, int(rank), int(attempt), batch=True)
     if controller is None:
         return None
     # A replica group's pod is named by its group and index; which rank that is, the job's

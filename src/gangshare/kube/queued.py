@@ -125,6 +125,8 @@ class QueuedJobSpec:
     groups: tuple[ReplicaGroup, ...] = ()
     # The uid its pods answer to when not its own (a TrainJob's pods are its JobSet's).
     pods_uid: str | None = None
+    # Its TrainingJob is owned by it (collected with it); a pod group has no object to own it.
+    owned: bool = True
 
     @property
     def key(self) -> str:
@@ -302,7 +304,7 @@ def workload(spec: QueuedJobSpec) -> dict[str, Any]:
         "metadata": {
             "name": spec.workload_name,
             "namespace": spec.namespace,
-            "ownerReferences": [{**ref, "controller": True}],
+            **({"ownerReferences": [{**ref, "controller": True}]} if spec.owned else {}),
         },
         "spec": body,
     }
@@ -385,6 +387,8 @@ class WorkloadKind:
     attach_child: Callable[[Mapping[str, Any], Mapping[str, Any] | None], dict[str, Any]] | None = (
         None
     )
+    # No object of its own: read from and written to its pods (kube/podgroup.py's groups).
+    virtual: bool = False
 
     def workload_name(self, name: str) -> str:
         return workload_name(name, self.prefix)

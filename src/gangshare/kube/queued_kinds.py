@@ -8,12 +8,13 @@ from typing import Any
 from gangshare.kube.batchjob import JOB
 from gangshare.kube.jobset import JOBSET
 from gangshare.kube.ownership import controller_ref
+from gangshare.kube.podgroup import PODGROUP
 from gangshare.kube.pytorchjob import PYTORCHJOB
 from gangshare.kube.queued import WorkloadKind
 from gangshare.kube.trainjob import TRAINJOB
 
 KINDS: dict[tuple[str, str], WorkloadKind] = {
-    (k.api_version, k.kind): k for k in (JOB, JOBSET, PYTORCHJOB, TRAINJOB)
+    (k.api_version, k.kind): k for k in (JOB, JOBSET, PYTORCHJOB, TRAINJOB, PODGROUP)
 }
 
 

@@ -225,3 +225,28 @@ def pin_to_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
         term["matchFields"] = [*(term.get("matchFields") or []), pin]
     required["nodeSelectorTerms"] = terms
     return affinity
+
+
+def unpin(affinity: dict[str, Any] | None, node: str) -> dict[str, Any] | None:
+    """pin_to_node undone: the affinity as it was before the pin (None when it was none)."""
+    if not affinity:
+        return None
+    affinity = copy.deepcopy(affinity)
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    terms = []
+    for term in required.get("nodeSelectorTerms") or []:
+        fields = [f for f in term.get("matchFields") or [] if f != pin]
+        kept = {k: v for k, v in term.items() if k != "matchFields"}
+        if fields:
+            kept["matchFields"] = fields
+        if kept:
+            terms.append(kept)
+    if terms:
+        required["nodeSelectorTerms"] = terms
+    else:
+        node_affinity.pop("requiredDuringSchedulingIgnoredDuringExecution", None)
+    if not node_affinity:
+        affinity.pop("nodeAffinity", None)
+    return affinity or None

@@ -331,11 +331,13 @@ def _job_ref(raw: Any) -> JobRef | None:
         ("jobset.x-k8s.io/v1alpha2", "JobSet"),
         ("kubeflow.org/v1", "PyTorchJob"),
         ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+        ("v1", "PodGroup"),
     )
     if (raw.get("apiVersion"), raw.get("kind")) not in queued:
         raise InvalidSpec(
             f"spec.jobRef: only batch/v1 Jobs, jobset.x-k8s.io/v1alpha2 JobSets, "
-            f"kubeflow.org/v1 PyTorchJobs and trainer.kubeflow.org/v1alpha1 TrainJobs are queued "
+            f"kubeflow.org/v1 PyTorchJobs, trainer.kubeflow.org/v1alpha1 TrainJobs and pod groups "
+            f"are queued "
             f"this way, got {raw.get('apiVersion')} {raw.get('kind')}"
         )
     return JobRef(str(raw["apiVersion"]), str(raw["kind"]), str(raw["name"]), str(raw["uid"]))

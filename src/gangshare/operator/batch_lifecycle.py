@@ -109,6 +109,9 @@ def detect_batch_actions(
     workload, job = seen.workload, seen.job
     actions = BatchActions()
     kind = kind_of(workload)
+    if kind is not None and kind.virtual and job is None:
+        actions.delete_workload = True  # a pod group none of whose pods is left
+        return actions
     if job is None or kind is None:
         return actions  # the garbage collector removes the TrainingJob with its Job
     status = workload.get("status") or {}

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gangshare.core.clock import Clock
+from gangshare.kube import podgroup
 from gangshare.kube.queued import (
     CHILD_KEY,
     STATUS_ANNOTATION,
@@ -113,11 +114,11 @@ class BatchReconciler:
                 self.metrics.applied(workload, actions)
         for event in actions.events:
             self.api.post_event(workload, event.type, event.reason, event.message, "Reconcile")
+        if actions.delete_workload:
+            self.api.delete_job(namespace, workload["metadata"]["name"])
         if job is None:
             return
         job_name = job["metadata"]["name"]
-        if actions.delete_workload:
-            self.api.delete_job(namespace, workload["metadata"]["name"])
         child = job.get(CHILD_KEY)
         if actions.child_patch is not None and kind.child_kind is not None and child:
             # The child (a TrainJob's JobSet) prepared first, conditional on its version too.
@@ -198,6 +199,8 @@ class BatchReconciler:
         job = self._with_child(kind, typed) or typed
         if kind.attach_child is not None and not job.get(CHILD_KEY):
             return None
+        if kind.virtual and not podgroup.complete(job):
+            return None  # a pod group is queued once all its pods exist
         try:
             spec = kind.parse(job)
         except InvalidSpec as err:

@@ -1,6 +1,7 @@
-"""The operator's calls for queued Jobs and JobSets: the object, its pods' patches, its
-TrainingJob. Beside KubeApi (same client, same fence: a replica that lost the lead writes
-nothing). Jobs and JobSets alike go through the generic object paths (/apis/<group>/...).
+"""The operator's calls for queued objects: the object, its pods' patches, its TrainingJob.
+Beside KubeApi (same client, same fence: a replica that lost the lead writes nothing). Every
+kind with an object goes through the generic object paths (/apis/<group>/...); a pod group,
+which has none, is read from its pods and written to each of them (kube/podgroup.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gangshare.kube import podgroup
 from gangshare.kube.client import post_event
 from gangshare.kube.queued import WorkloadKind
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
@@ -30,6 +32,9 @@ class BatchApi:
         self.api = api
 
     def get(self, kind: WorkloadKind, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind.virtual:
+            pods = self.api.list_labelled_pods(namespace, f"{podgroup.POD_GROUP_LABEL}={name}")
+            return podgroup.group_object(namespace, name, pods)
         try:
             found = self.api.custom.get_namespaced_custom_object(
                 kind.group, kind.version, namespace, kind.plural, name
@@ -56,6 +61,9 @@ class BatchApi:
             raise
 
     def patch(self, kind: WorkloadKind, namespace: str, name: str, body: dict[str, Any]) -> None:
+        if kind.virtual:
+            self._write_members(namespace, name, body)
+            return
         self._write(
             f"patch of {kind.kind} {namespace}/{name}",
             lambda: self.api.custom.patch_namespaced_custom_object(
@@ -68,6 +76,23 @@ class BatchApi:
                 _content_type=MERGE_PATCH,
             ),
         )
+
+    def _write_members(self, namespace: str, group: str, body: dict[str, Any]) -> None:
+        """A pod group's write: made to each member (a reclaim's replaces each by a gated copy
+        and then deletes it, so the group waits whole in its queue again)."""
+        found = self.get(podgroup.PODGROUP, namespace, group)
+        members = podgroup.members(found) if found is not None else []
+        patch = {k: v for k, v in body.items() if k != podgroup.REPLACE_MEMBERS}
+        metadata = {
+            k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"
+        }
+        for pod in members:
+            name = str(pod["metadata"]["name"])
+            if body.get(podgroup.REPLACE_MEMBERS):
+                if self.api.create("Pod", namespace, podgroup.gated_copy(pod)):
+                    self.api.delete_pod(namespace, name)
+            elif metadata:
+                self.patch_pod(namespace, name, {"metadata": metadata})
 
     def patch_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         response = self._write(
@@ -106,9 +131,15 @@ class BatchApi:
     def post_event(
         self, job: dict[str, Any], kind: str, reason: str, message: str, action: str
     ) -> None:
-        """An event about the Job or JobSet itself: `kubectl describe` shows it."""
+        """An event about the queued object itself (a pod group's: about its first member):
+        `kubectl describe` shows it."""
         if not self.api.fence():
             return
+        if job.get("kind") == podgroup.KIND:
+            first = next(iter(podgroup.members(job)), None)
+            if first is None:
+                return
+            job = {"apiVersion": "v1", "kind": "Pod", **first}
         meta = job["metadata"]
         regarding = client.V1ObjectReference(
             api_version=job.get("apiVersion"),

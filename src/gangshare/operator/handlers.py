@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 
 from gangshare.core.annotations import JOB_LABEL
+from gangshare.kube import podgroup
 from gangshare.kube.queue import QUEUE_PLURAL
 from gangshare.kube.queued import WorkloadKind, is_queued, was_queued
 from gangshare.kube.queued_kinds import KINDS, parent_of
@@ -33,6 +34,13 @@ def pod_listener(
     def seen(kind: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         job = (meta.get("labels") or {}).get(JOB_LABEL)
+        group = podgroup.group_name(pod)
+        if group and meta.get("namespace") and leading() and reconciler.batch is not None:
+            # A pod group's member: the group is queued once all its pods exist.
+            namespace = str(meta["namespace"])
+            reconciler.batch.adopt_by_name_later(
+                podgroup.PODGROUP, group, namespace, reconciler.reconcile_later
+            )
         if not job or not meta.get("namespace") or not leading():
             return
         reconciler.reconcile_later(str(meta["namespace"]), str(job))
@@ -133,9 +141,9 @@ def build_registry(
             return
         loop.poke()
 
-    for kind in KINDS.values():
+    for kind in [k for k in KINDS.values() if not k.virtual]:
         # kopf waits for a kind whose CRD is not installed (JobSet's, Kubeflow's) and follows it
-        # once it is.
+        # once it is. A pod group is followed through the operator's own pod watch.
         # Not filtered by the queue label: a Job whose label is removed must still be seen.
         kopf.on.event(
             kind.group,

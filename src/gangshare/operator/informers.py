@@ -21,6 +21,7 @@ from kubernetes import client
 
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.kube.follow import follow
+from gangshare.kube.podgroup import group_name
 from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -202,7 +203,7 @@ class Informers:
                 args=(
                     store.name,
                     call,
-                    store.replace,
+                    self._replacer(store),
                     self._applier(store),
                     stop,
                     store.heard_from,
@@ -216,6 +217,32 @@ class Informers:
         for thread in threads:
             thread.start()
         return threads
+
+    def listen_to_pods(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """Tell `listener` every pod watch event from now on, and the pod groups held now."""
+        self.pod_listener = listener
+        self.replay_pod_groups()
+
+    def replay_pod_groups(self) -> None:
+        """Tell the listener of every pod group's member held now (a new leader, or a listener
+        set after the first list): a pod group has no object whose listing would bring it up
+        (kube/podgroup.py)."""
+        listener = self.pod_listener
+        if listener is None:
+            return
+        for pod in self.pods.items():
+            if group_name(pod) is not None:
+                listener("ADDED", pod)
+
+    def _replacer(self, store: Store) -> Callable[[list[dict[str, Any]]], None]:
+        if store is not self.pods:
+            return store.replace
+
+        def replace(items: list[dict[str, Any]]) -> None:
+            store.replace(items)
+            self.replay_pod_groups()
+
+        return replace
 
     def _applier(self, store: Store) -> Callable[[str, dict[str, Any]], None]:
         if store is not self.pods:

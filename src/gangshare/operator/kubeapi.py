@@ -82,9 +82,12 @@ class KubeApi:
         )
 
     def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list_labelled_pods(namespace, f"{JOB_LABEL}={job}")
+
+    def list_labelled_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._items(
             self.core.list_namespaced_pod(
-                namespace, label_selector=f"{JOB_LABEL}={job}", _preload_content=False
+                namespace, label_selector=selector, _preload_content=False
             )
         )
 

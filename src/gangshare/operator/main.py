@@ -269,11 +269,17 @@ def run_operator(args: argparse.Namespace) -> int:
         leading=leading,
         informers=informers,
     )
-    informers.pod_listener = pod_listener(reconciler, loop, leading)
+    informers.listen_to_pods(pod_listener(reconciler, loop, leading))
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
     thread.start()
     if elector is not None:
-        elector.on_elected = loop.poke  # the first pass as leader starts at once
+
+        def elected() -> None:
+            # Pod groups a standby ignored are adopted; the first pass as leader starts at once.
+            informers.replay_pod_groups()
+            loop.poke()
+
+        elector.on_elected = elected
         threading.Thread(target=elector.run, name="gangshare-leader", daemon=True).start()
     try:
         kopf.run(
