@@ -152,6 +152,7 @@ class Simulation(Evictions):
             return False
         shape: tuple[object, ...] = (gang.service_class, gang.workers, gang.gpus_per_worker)
         shape += (gang.gpu_model, gang.gpu_memory_mib, gang.topology, gang.constraints)
+        shape += (gang.companions,)
         if shape not in self._shapes:
             self._shapes[shape] = never_fits(self.cluster, gang) is None
         return self._shapes[shape]
