@@ -56,8 +56,10 @@ POD_GROUP_LABEL = f"{GROUP}/pod-group"
 POD_GROUP_SIZE_ANNOTATION = f"{GROUP}/pod-group-size"
 # The name a member had when its tenant made it: the stem of each gated copy's name.
 MEMBER_ANNOTATION = f"{GROUP}/pod-group-member"
-# Where group_object keeps the members beside the group's own fields.
+# Where group_object keeps the members beside the group's own fields, and the pods a reclaim
+# replaced that are not deleted yet.
 MEMBERS = "gangshare.io/members"
+STALE = "gangshare.io/replaced-members"
 # The "suspend" a reclaim writes: each member replaced by a gated copy (operator/batchapi.py).
 REPLACE_MEMBERS = "gangshare.io/replace-members"
 MAX_PODS = 1024
@@ -100,15 +102,21 @@ def group_object(namespace: str, group: str, pods: list[dict[str, Any]]) -> dict
     being deleted, by name), the first member's queue labels and annotations, and the attempt
     its members were resumed for. None when no member is left."""
     newest: dict[str, dict[str, Any]] = {}
+    stale: list[dict[str, Any]] = []
     for pod in pods:
         if _meta(pod).get("namespace") != namespace or group_name(pod) != group or _deleting(pod):
             continue
         # A reclaim makes a member's gated copy before it deletes the member: the copy (the
-        # newer of the two that share an original) is the member from then on.
+        # newer of the two that share an original) is the member from then on, and the other
+        # is stale until it is gone (deleted by the next reclaim write if a restart cut in).
         stem = _original(pod)
         held = newest.get(stem)
         if held is None or _created(pod) > _created(held):
             newest[stem] = pod
+            if held is not None:
+                stale.append(held)
+        else:
+            stale.append(pod)
     members = sorted(newest.values(), key=lambda p: str(_meta(p).get("name", "")))
     if not members:
         return None
@@ -144,6 +152,7 @@ def group_object(namespace: str, group: str, pods: list[dict[str, Any]]) -> dict
             "annotations": annotations,
         },
         MEMBERS: members,
+        STALE: stale,
     }
 
 
@@ -252,9 +261,20 @@ def finished(group: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def stale(group: Mapping[str, Any]) -> list[dict[str, Any]]:
+    found = group.get(STALE)
+    return list(found) if isinstance(found, list) else []
+
+
+def resumed(pod: Mapping[str, Any]) -> bool:
+    """Given an attempt (and so, maybe, its place): a reclaim replaces it."""
+    return resumed_attempt(pod) is not None
+
+
 def suspended(group: Mapping[str, Any]) -> bool:
-    """Not resumed for any attempt: every member still waits gated, as its tenant made it."""
-    return resumed_attempt(group) is None
+    """Not resumed for any attempt (every member waits gated, as its tenant made it) and no
+    replaced member left running."""
+    return resumed_attempt(group) is None and not stale(group)
 
 
 def may_resume(group: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:

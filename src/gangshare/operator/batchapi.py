@@ -86,13 +86,17 @@ class BatchApi:
         metadata = {
             k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"
         }
+        if body.get(podgroup.REPLACE_MEMBERS):
+            for pod in members:
+                if podgroup.resumed(pod):
+                    self.api.create("Pod", namespace, podgroup.gated_copy(pod))
+                    self.api.delete_pod(namespace, str(pod["metadata"]["name"]))
+            for pod in podgroup.stale(found) if found is not None else []:
+                self.api.delete_pod(namespace, str(pod["metadata"]["name"]))
+            return
         for pod in members:
-            name = str(pod["metadata"]["name"])
-            if body.get(podgroup.REPLACE_MEMBERS):
-                if self.api.create("Pod", namespace, podgroup.gated_copy(pod)):
-                    self.api.delete_pod(namespace, name)
-            elif metadata:
-                self.patch_pod(namespace, name, {"metadata": metadata})
+            if metadata:
+                self.patch_pod(namespace, str(pod["metadata"]["name"]), {"metadata": metadata})
 
     def patch_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         response = self._write(

@@ -16,6 +16,7 @@ from gangshare.kube.podgroup import (
     group_object,
     group_uid,
     members,
+    stale,
 )
 from gangshare.kube.queued import workload
 from gangshare.kube.scheduling import pin_to_node
@@ -108,10 +109,17 @@ def test_a_reclaimed_member_is_replaced_by_a_gated_copy_of_itself():
     assert copy_["metadata"]["labels"]["gangshare.io/job"] == "podgroup-g"
     assert "nodeName" not in copy_["spec"] and "affinity" not in copy_["spec"]
     assert copy_["spec"]["schedulingGates"] == [{"name": "gangshare.io/gang"}]
-    # Both exist a moment: the copy is the member from then on, and it waits unresumed.
+    # Both exist a moment: the copy is the member from then on; the group counts as suspended
+    # only once the replaced pod is going (a restart between the two writes leaves it stale,
+    # and the next reclaim write deletes it).
     made = {**copy_["metadata"], "name": "w-0-abcde", "creationTimestamp": "2026-11-28T00:01:00Z"}
-    g = group(running, {**copy_, "metadata": made})
+    copied = {**copy_, "metadata": made}
+    g = group(running, copied)
     assert [m["metadata"]["name"] for m in members(g)] == ["w-0-abcde"]
+    assert [p["metadata"]["name"] for p in stale(g)] == ["w-0"]
+    assert not PODGROUP.suspended(g)
+    running["metadata"]["deletionTimestamp"] = "2026-11-28T00:01:01Z"
+    g = group(running, copied)
     assert PODGROUP.suspended(g) and PODGROUP.may_resume(g, [])
 
 
