@@ -51,9 +51,11 @@ def reclaimed_and_resumed(
         )
         if suspended is not None:
             eventually(lambda: suspended() or None, timeout=30, what="its object suspended")
+        # The borrower's pods go first, through every controller between its object and
+        # them (a TrainJob's: Trainer, JobSet, the Job controller), on busy cores.
         assert eventually(
             lambda: phase_is(crd, namespace, "lender-job", "Running", "Succeeded"),
-            timeout=60,
+            timeout=120,
             what="the lender's job started on its own quota",
         )
         done = eventually(
