@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gangshare.core.annotations import ATTEMPT_LABEL
 from gangshare.core.job import ServiceClass
 from gangshare.kube.ownership import controller_ref, refers_to
 from gangshare.kube.queued import (
@@ -33,6 +32,7 @@ from gangshare.kube.queued_writes import (
     gated_template,
     label_int,
     resume_body,
+    run_left,
     suspended,
     suspended_condition,
     template_gated,
@@ -122,14 +122,7 @@ def jobset_finished(jobset: Mapping[str, Any]) -> tuple[str, str] | None:
 def may_resume(jobset: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
     """Suspended, its controller says so, and none of its pods is left running: its child
     Jobs count pods per Job, so the pods themselves are asked."""
-    live = [
-        p
-        for p in pods
-        if owns(p, jobset)
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        and ATTEMPT_LABEL in ((p.get("metadata") or {}).get("labels") or {})
-    ]
-    return suspended(jobset) and suspended_condition(jobset) and not live
+    return suspended(jobset) and suspended_condition(jobset) and not run_left(jobset, pods, owns)
 
 
 def templates_prepared(jobset: Mapping[str, Any], workload_job: str) -> bool:

@@ -60,6 +60,8 @@ MEMBER_ANNOTATION = f"{GROUP}/pod-group-member"
 # replaced that are not deleted yet.
 MEMBERS = "gangshare.io/members"
 STALE = "gangshare.io/replaced-members"
+# Where pod_rank keeps the members' ranks, worked out once per read of the group.
+RANKS = "gangshare.io/ranks"
 # The "suspend" a reclaim writes: each member replaced by a gated copy (operator/batchapi.py).
 REPLACE_MEMBERS = "gangshare.io/replace-members"
 MAX_PODS = 1024
@@ -314,17 +316,27 @@ def suspend_patch() -> dict[str, Any]:
 
 def pod_rank(pod: Mapping[str, Any], group: Mapping[str, Any]) -> int | None:
     """Its set's offset plus its place by name among the set's members."""
-    name = str(_meta(pod).get("name"))
+    ranks = group.get(RANKS)
+    if not isinstance(ranks, dict):
+        ranks = _ranks(group)
+        if isinstance(group, dict):
+            # Asked for each member of a group read once: the shapes are judged once per read.
+            group[RANKS] = ranks
+    return ranks.get(str(_meta(pod).get("name")))
+
+
+def _ranks(group: Mapping[str, Any]) -> dict[str, int]:
     try:
         shapes = _shapes(group)
     except InvalidSpec:
-        return None
+        return {}
     asks = _asks(shapes)
+    ranks: dict[str, int] = {}
     for ask, (_, _, names) in zip(asks, shapes, strict=True):
-        if name in names:
-            found = rank_offset(asks, ask.name)
-            return None if found is None else found[0] + names.index(name)
-    return None
+        found = rank_offset(asks, ask.name)
+        if found is not None:
+            ranks.update({name: found[0] + i for i, name in enumerate(names)})
+    return ranks
 
 
 def pod_templates(group: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gangshare.core.annotations import ATTEMPT_LABEL
 from gangshare.kube.ownership import controlled_by
 from gangshare.kube.queued import (
     QueuedJobSpec,
@@ -31,6 +30,7 @@ from gangshare.kube.queued_writes import (
     gated_template,
     label_int,
     resume_attempt_annotation,
+    run_left,
     template_gated,
 )
 from gangshare.kube.trainingjob import InvalidSpec
@@ -102,14 +102,7 @@ def pytorchjob_finished(job: Mapping[str, Any]) -> tuple[str, str] | None:
 def may_resume(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> bool:
     """Suspended, and no pod of its last run left: the training-operator deletes them on
     suspend, and a pod still going away would be counted twice beside its successor."""
-    live = [
-        p
-        for p in pods
-        if owns(p, job)
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        and ATTEMPT_LABEL in ((p.get("metadata") or {}).get("labels") or {})
-    ]
-    return suspended(job) and not live
+    return suspended(job) and not run_left(job, pods, owns)
 
 
 def templates_prepared(job: Mapping[str, Any], workload_job: str) -> bool:

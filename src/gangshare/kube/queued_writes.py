@@ -7,7 +7,7 @@ its rank's worker. Writes whose order matters are made conditional (`at_version`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gangshare.core.annotations import (
@@ -51,6 +51,21 @@ def finished_by_conditions(
             why = cond.get("message") or cond.get("reason") or f"the {noun} failed"
             return "Failed", f"the {noun} failed: {why}"
     return None
+
+
+def run_left(
+    obj: Mapping[str, Any],
+    pods: list[dict[str, Any]],
+    owns: Callable[[Mapping[str, Any], Mapping[str, Any]], bool],
+) -> bool:
+    """Whether a pod of the object's last run (one gangshare gave an attempt) is still live:
+    such a pod still going away would be counted twice beside its successor."""
+    return any(
+        owns(p, obj)
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and ATTEMPT_LABEL in ((p.get("metadata") or {}).get("labels") or {})
+        for p in pods
+    )
 
 
 def resumed_attempt(obj: Mapping[str, Any]) -> int | None:

@@ -34,17 +34,16 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TrainJob"
 PREFIX = "trainjob-"
-CHILD = CHILD_KEY
 
 
 def with_child(trainjob: Mapping[str, Any], jobset: Mapping[str, Any] | None) -> dict[str, Any]:
     """The TrainJob with its child JobSet attached, when the JobSet is the TrainJob's own."""
     own = jobset is not None and controlled_by(jobset, trainjob, API_VERSION, KIND)
-    return {**trainjob, CHILD: dict(jobset) if own and jobset is not None else None}
+    return {**trainjob, CHILD_KEY: dict(jobset) if own and jobset is not None else None}
 
 
 def child(trainjob: Mapping[str, Any]) -> dict[str, Any] | None:
-    found = trainjob.get(CHILD)
+    found = trainjob.get(CHILD_KEY)
     return found if isinstance(found, dict) else None
 
 

@@ -10,6 +10,7 @@ that is no gang gets the reason on itself (event and annotation) and stays suspe
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -68,6 +69,9 @@ class BatchReconciler:
         self.limits = limits or Limits()
         self.backoff_base_seconds = backoff_base_seconds
         self._adopting = ThreadPoolExecutor(ADOPT_WORKERS, thread_name_prefix="batch-adopt")
+        # Adoptions by name queued and not started yet (adopt_by_name_later).
+        self._pending: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
 
     # ----- the TrainingJob's reconcile -------------------------------------------------------
 
@@ -165,9 +169,18 @@ class BatchReconciler:
         self._adopting.submit(run)
 
     def adopt_by_name_later(self, kind: WorkloadKind, name: str, namespace: str, then: Any) -> None:
-        """adopt_later() for an object known by name (a TrainJob whose JobSet just came)."""
+        """adopt_later() for an object known by name (a TrainJob whose JobSet just came, a pod
+        group's member); one at a time per object: a group's N pods made at once are N
+        events, and each adoption lists the whole group."""
+        key = (kind.kind, namespace, name)
+        with self._lock:
+            if key in self._pending:
+                return
+            self._pending.add(key)
 
         def run() -> None:
+            with self._lock:
+                self._pending.discard(key)
             try:
                 found = self.batch.get(kind, namespace, name)
                 adopted = self.adopt(kind, found) if found is not None else None

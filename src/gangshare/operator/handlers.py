@@ -35,8 +35,9 @@ def pod_listener(
         meta = pod.get("metadata") or {}
         job = (meta.get("labels") or {}).get(JOB_LABEL)
         group = podgroup.group_name(pod)
-        if group and meta.get("namespace") and leading() and reconciler.batch is not None:
-            # A pod group's member: the group is queued once all its pods exist.
+        if group and not job and meta.get("namespace") and leading() and reconciler.batch:
+            # A pod group's member not yet resumed as its TrainingJob's (a labelled one is
+            # reconciled below): the group is queued once all its pods exist.
             namespace = str(meta["namespace"])
             reconciler.batch.adopt_by_name_later(
                 podgroup.PODGROUP, group, namespace, reconciler.reconcile_later
