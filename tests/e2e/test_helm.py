@@ -56,6 +56,7 @@ SHARE_POLICY_FILE = ROOT / "crds" / "gpu-share-pod-policy.yaml"
 CRD_NAME = "trainingjobs.gangshare.io"
 QUEUE_CRD_NAME = "queues.gangshare.io"
 TJ = ("gangshare.io", "v1alpha1", "trainingjobs")
+GANG_GATE_POLICY = "gangshare-gang-gate"  # crds/gang-gate-policy.yaml's
 
 Manifests = dict[tuple[str, str], dict[str, Any]]
 
@@ -862,7 +863,11 @@ def default_queue(kube: Kube) -> dict[str, Any] | None:
 
 
 @pytest.fixture(scope="module")
-def release(kube: Kube, helm: Helm) -> Iterator[Release]:
+def release(crd: Kube, helm: Helm) -> Iterator[Release]:
+    """The chart installed beside what `kubectl apply -f crds/` installed (the session's `crd`,
+    always, so a module run alone sees what the whole suite does): the CRDs, and the shipped
+    policies, whose gang gate names another operator's account than this release's."""
+    kube = crd
     suffix = uuid.uuid4().hex[:6]
     name, namespace = f"gangshare-{suffix}", f"gs-{suffix}"
     scheduler_name = f"gs-helm-{suffix}"  # not the session's own gangshare-scheduler
@@ -1496,7 +1501,9 @@ def test_components_run_under_their_service_accounts(
         pool.cleanup()
     assert survivors == []
     for child in started:
-        text = child.log.read_text(errors="replace")
+        # The gate lifts the shipped policy refused (above) are the one 403 expected.
+        lines = child.log.read_text(errors="replace").splitlines()
+        text = "\n".join(line for line in lines if "gate could not be lifted" not in line)
         for bad in ("forbidden", "not enough permissions", "scheduling pass failed"):
             assert bad not in text.lower(), f"{child.name}: {bad!r} in\n{text[-4000:]}"
 
@@ -1542,8 +1549,17 @@ def run_a_gang_and_a_gpu_pod(kube: Kube, release: Release, namespace: str) -> No
         phase = (status.get("status") or {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    # Two busy cores (a whole suite beside it) have taken this past 60 s.
-    assert eventually(job_phase, timeout=120, what="TrainingJob finished") == "Succeeded"
+    # crds/gang-gate-policy.yaml, installed too, lets only gangshare-system's operator lift the
+    # gate: this release's operator is refused, and says so on the job instead of failing its
+    # pass; once the admin names it there too, the same gang goes on.
+    refusal = eventually(
+        lambda: gate_lift_refusal(kube, namespace, "pair"), what="GateLiftRefused on pair"
+    )
+    assert "ValidatingAdmissionPolicy 'gangshare-gang-gate'" in refusal, refusal
+    with gate_lifters_also(
+        kube, f"system:serviceaccount:{release.namespace}:{release.name}-operator"
+    ):
+        assert eventually(job_phase, timeout=120, what="TrainingJob finished") == "Succeeded"
 
     def solo_bound() -> client.V1Pod | None:
         pod = kube.core.read_namespaced_pod("solo", namespace)
@@ -1562,6 +1578,32 @@ def run_a_gang_and_a_gpu_pod(kube: Kube, release: Release, namespace: str) -> No
         if e.reason == "Scheduled" and e.reporting_component == release.scheduler_name
     }
     assert {"pair-worker-0", "pair-worker-1", "solo"} <= scheduled, scheduled
+
+
+def gate_lift_refusal(kube: Kube, namespace: str, job: str) -> str | None:
+    for event in kube.core.list_namespaced_event(namespace).items:
+        if event.reason == "GateLiftRefused" and event.involved_object.name == job:
+            return str(event.message)
+    return None
+
+
+@contextlib.contextmanager
+def gate_lifters_also(kube: Kube, account: str) -> Iterator[None]:
+    """The shipped gang-gate policy's gateLifters with `account` added while inside."""
+    admission = client.AdmissionregistrationV1Api(kube.api_client)
+    policy = admission.read_validating_admission_policy(GANG_GATE_POLICY)
+    [lifters] = [v for v in policy.spec.variables if v.name == "gateLifters"]
+    shipped = lifters.expression
+    lifters.expression = f"{shipped[:-1]}, '{account}']"
+    admission.replace_validating_admission_policy(GANG_GATE_POLICY, policy)
+    try:
+        yield
+    finally:
+        policy = admission.read_validating_admission_policy(GANG_GATE_POLICY)
+        for variable in policy.spec.variables:
+            if variable.name == "gateLifters":
+                variable.expression = shipped
+        admission.replace_validating_admission_policy(GANG_GATE_POLICY, policy)
 
 
 def test_uninstall_removes_the_release_but_keeps_the_crd(kube: Kube, helm: Helm, release: Release):

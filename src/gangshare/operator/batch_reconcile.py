@@ -37,7 +37,8 @@ from gangshare.operator.batch_lifecycle import (
     detect_batch_actions,
 )
 from gangshare.operator.batchapi import BatchApi
-from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi
+from gangshare.operator.gate_refusals import GATE_LIFT_REFUSED, gate_lift_refusal
+from gangshare.operator.kubeapi import Conflict, Forbidden, Invalid, KubeApi
 from gangshare.operator.lifecycle import Limits
 from gangshare.operator.metrics import OperatorMetrics
 
@@ -133,12 +134,18 @@ class BatchReconciler:
             # deposed leader's resume) cannot undo what the new leader wrote since (#36).
             patch = at_version(actions.job_patch, job)
             self.batch.patch(kind, namespace, job_name, patch)
-        failed = []
+        failed, refused = [], []
         for pod, patch in actions.ungate:
             try:
                 self.batch.patch_pod(namespace, pod, patch)
             except Invalid as err:
                 failed.append(f"{pod}: {err}")
+            except Forbidden as err:
+                refused.append(f"{pod}: {err}")
+        if refused:
+            message = gate_lift_refusal(refused)
+            self.batch.post_event(job, "Warning", GATE_LIFT_REFUSED, message, "Schedule")
+            log.warning("%s/%s: %s", namespace, job_name, message)
         if failed:
             # The API server refused to pin a gated pod to its place: the start deadline
             # releases the gang; the reason goes where its author looks.

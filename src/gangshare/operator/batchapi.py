@@ -19,6 +19,7 @@ from gangshare.kube.trainingjob import GROUP, PLURAL, VERSION
 from gangshare.operator.kubeapi import (
     REPORTING_CONTROLLER,
     Conflict,
+    Forbidden,
     Invalid,
     KubeApi,
     api_message,
@@ -99,12 +100,18 @@ class BatchApi:
                 self.patch_pod(namespace, str(pod["metadata"]["name"]), {"metadata": metadata})
 
     def patch_pod(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        response = self._write(
-            f"patch of pod {namespace}/{name}",
-            lambda: self.api.core.patch_namespaced_pod(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-            ),
-        )
+        """Forbidden when RBAC or an admission policy refuses it (the gang gate's lift)."""
+        try:
+            response = self._write(
+                f"patch of pod {namespace}/{name}",
+                lambda: self.api.core.patch_namespaced_pod(
+                    name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+                ),
+            )
+        except ApiException as err:
+            if err.status == 403:
+                raise Forbidden(api_message(err)) from None
+            raise
         if response is not None:
             self.api.pod_written(response)
 

@@ -39,6 +39,11 @@ class Invalid(Exception):
     """The API server refused an object as invalid (HTTP 422): retrying cannot help."""
 
 
+class Forbidden(Exception):
+    """The API server refused a write for who made it (HTTP 403: RBAC or an admission policy);
+    only an administrator's change to either can make a retry succeed."""
+
+
 class LeadershipLost(Exception):
     """This replica no longer leads: the write was not made and the work under way stops."""
 
@@ -271,6 +276,8 @@ class KubeApi:
                 )
             )
         except ApiException as err:
+            if err.status == 403:
+                raise Forbidden(api_message(err)) from None
             if err.status != 404:
                 raise
 

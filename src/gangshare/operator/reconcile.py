@@ -25,8 +25,9 @@ from gangshare.core.clock import Clock
 from gangshare.operator.actions import Actions, Displacement, Observation
 from gangshare.operator.batch_reconcile import BatchReconciler
 from gangshare.operator.conditions import iso, set_condition
+from gangshare.operator.gate_refusals import GATE_LIFT_REFUSED, gate_lift_refusal
 from gangshare.operator.informers import newer
-from gangshare.operator.kubeapi import Conflict, Invalid, KubeApi, LeadershipLost
+from gangshare.operator.kubeapi import Conflict, Forbidden, Invalid, KubeApi, LeadershipLost
 from gangshare.operator.lifecycle import Limits, detect_actions
 from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.pod_failures import nodes_to_look_beside
@@ -362,7 +363,7 @@ class Reconciler:
             self.metrics.applied(job, actions)
         # One call per pod, side by side: a large gang's gates come off in a fraction of the
         # time one after another took.
-        _side_by_side(lambda pod: self.api.lift_gate(namespace, pod), actions.lift_gates)
+        self._lift_gates(job, actions.lift_gates)
         _side_by_side(lambda nudge: self.api.nudge_pod(namespace, *nudge), actions.nudge_pods)
         if actions.nudge_pods:
             log.info(
@@ -389,6 +390,23 @@ class Reconciler:
         if actions.delete_job:
             self.api.delete_job(namespace, meta["name"])
             log.info("%s/%s deleted: ttlSecondsAfterFinished elapsed", namespace, meta["name"])
+
+    def _lift_gates(self, job: dict[str, Any], pods: list[str]) -> None:
+        """Every gate lifted side by side; one that is forbidden leaves its gang gated and says
+        why on the job (gate_refusals.py)."""
+        namespace, refused = job["metadata"]["namespace"], []
+
+        def lift(pod: str) -> None:
+            try:
+                self.api.lift_gate(namespace, pod)
+            except Forbidden as err:
+                refused.append(f"{pod}: {err}")
+
+        _side_by_side(lift, pods)
+        if refused:
+            message = gate_lift_refusal(sorted(refused))
+            self.api.post_event(job, "Warning", GATE_LIFT_REFUSED, message, action="Schedule")
+            log.warning("%s/%s: %s", namespace, job["metadata"]["name"], message)
 
     def _create(self, job: dict[str, Any], actions: Actions) -> None:
         namespace, uid = job["metadata"]["namespace"], job["metadata"].get("uid")
