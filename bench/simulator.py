@@ -8,6 +8,11 @@ control ticks and evictions.
 
     .venv/bin/python bench/simulator.py
     .venv/bin/python bench/simulator.py --policy fifo --sizes 82247 --profile
+    .venv/bin/python bench/simulator.py --sizes 20000 --min-events-per-second 550   # the guard
+
+With --min-events-per-second it exits 1 when the last replay of a policy handles fewer events
+per second than that: the README gives the command and the figure measured on 2 cores, so a
+slowdown of the full stack (#40: 3.5x, unseen for a week) shows the next time anyone runs it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,13 @@ def main() -> None:
     )
     parser.add_argument("--traces", type=Path, default=TRACES, help="../shared/traces")
     parser.add_argument("--profile", action="store_true", help="cProfile the largest replay")
+    parser.add_argument(
+        "--min-events-per-second",
+        type=float,
+        help="exit 1 when a policy's last replay is slower than this",
+    )
     args = parser.parse_args()
+    slow: list[str] = []
 
     began = time.perf_counter()
     trace = load_trace(args.traces / "philly/philly_jobs.csv")
@@ -67,10 +78,17 @@ def main() -> None:
                 flush=True,
             )
             previous = result
+            rate = result.events / result.wall_seconds
+            floor = args.min_events_per_second
+            if size == args.sizes[-1] and floor is not None and rate < floor:
+                slow.append(f"{policy.name}: {rate:,.0f} events/s, below {floor:,.0f}")
             if profiler is not None:
                 out = io.StringIO()
                 pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(18)
                 print(out.getvalue())
+    if slow:
+        print("\nSLOWER THAN THE FLOOR: " + "; ".join(slow))
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ import random
 from builders import make_cluster, make_gang, make_node
 
 from gangshare.core import GangPlan, ServiceClass, apply_plan, plan_gang
+from gangshare.core.score import opportunistic_bound
+from gangshare.core.verdicts import by_opportunistic_bound, stale_bounds
 
 
 def busy_cluster(seed: int):
@@ -67,3 +69,36 @@ def test_verdicts_are_kept_only_inside_the_block():
     with cluster.verdicts_kept():
         assert cluster.kept_verdicts("any") == {}
     assert cluster.kept_verdicts("any") is None
+
+
+def fresh_order(cluster):
+    return sorted((-opportunistic_bound(n), name) for name, n in cluster.nodes.items())
+
+
+def test_bounds_kept_across_cycles_are_judged_again_after_every_change_they_are_told_of():
+    """The placement bounds outlive a cycle (core/verdicts.py): after allocate, release and
+    a measured change told by touch, the kept order is the fresh one; a change made in place
+    and not told is what stale_bounds (the simulator's invariant check) reports."""
+    cluster = busy_cluster(3)
+    rng = random.Random(7)
+    gangs = [make_gang(f"ns/o{i}").opportunistic(memory_mib=8000).build() for i in range(30)]
+    assert by_opportunistic_bound(cluster) == fresh_order(cluster)
+    for i, gang in enumerate(gangs):
+        plan = plan_gang(cluster, gang)
+        assert isinstance(plan, GangPlan)
+        apply_plan(cluster, gang, plan)
+        if i % 3 == 0:
+            node = cluster.nodes[rng.choice(sorted(cluster.nodes))]
+            node.gpus[rng.randrange(8)].utilization = round(rng.random(), 2)
+            cluster.touch(node.name)
+        if i == 15:
+            cluster.release("g3")
+        assert by_opportunistic_bound(cluster) == fresh_order(cluster), i
+        assert stale_bounds(cluster) == []
+    idlest = max(cluster.nodes.values(), key=opportunistic_bound)
+    for gpu in idlest.gpus:
+        gpu.utilization = 1.0  # in place, untold
+    assert stale_bounds(cluster) == [idlest.name]
+    cluster.touch(idlest.name)
+    assert by_opportunistic_bound(cluster) == fresh_order(cluster)
+    assert stale_bounds(cluster) == []

@@ -9,9 +9,10 @@ until that node changes.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from gangshare.core.gpu import Tenant
 from gangshare.core.job import ServiceClass
@@ -20,6 +21,7 @@ from gangshare.core.node import NodeState
 # A kept verdict (core/verdicts.py): the node's change count when judged, workers that fit,
 # and one worker's score once asked for.
 Verdict = tuple[int, int, float | None]
+T = TypeVar("T")
 
 
 class AllocationError(ValueError):
@@ -43,7 +45,10 @@ class Cluster:
         self._allocations: dict[str, list[Allocation]] = {}
         # node name -> how often allocate/release changed it; verdicts kept while it stands
         self._changes: dict[str, int] = {}
-        self._verdicts: dict[Hashable, dict[str, Verdict]] | None = None
+        # Every change to any node (added, removed, allocated on, released from).
+        self.version = 0
+        self._kept: dict[Hashable, Any] | None = None
+        self._static: dict[Hashable, Any] = {}
         for node in nodes:
             self.add_node(node)
 
@@ -53,12 +58,15 @@ class Cluster:
         if node.name in self.nodes:
             raise ValueError(f"node {node.name} is already in the cluster")
         self.nodes[node.name] = node
+        self._static.clear()
         node.recount()
         self._by_free.setdefault(node.free_guaranteed, {})[node.name] = None
         self._changed(node.name)
 
     def remove_node(self, name: str) -> NodeState:
         node = self.nodes.pop(name)
+        self.version += 1
+        self._static.clear()
         self._by_free[node.free_guaranteed].pop(name, None)
         for owner in list(self._allocations):
             kept = [a for a in self._allocations[owner] if a.node != name]
@@ -93,22 +101,53 @@ class Cluster:
         objects come in between cycles). Without it, a borrower's placement judged every node
         afresh: at 5,000 nodes and 10,000 queued jobs a new leader's first pass spent 137 s
         on that (bench/growth.py)."""
-        self._verdicts = {}
+        self._kept = {}
         try:
             yield
         finally:
-            self._verdicts = None
+            self._kept = None
 
     def kept_verdicts(self, request: Hashable) -> dict[str, Verdict] | None:
         """The verdicts kept for this request, by node name; None outside `verdicts_kept`."""
-        if self._verdicts is None:
+        return self.kept_for_cycle(("verdicts", request), dict)
+
+    def kept_for_cycle(self, key: Hashable, make: Callable[[], T]) -> T | None:
+        """What the cycle keeps under `key` (made on first ask), for a keeper that checks
+        `changes` or `version` itself; None outside `verdicts_kept`."""
+        if self._kept is None:
             return None
-        return self._verdicts.setdefault(request, {})
+        found = self._kept.get(key)
+        if found is None:
+            found = self._kept[key] = make()
+        return cast(T, found)
+
+    def kept_while_nodes_stand(self, key: Hashable, make: Callable[[], T]) -> T:
+        """What depends only on what the nodes are (labels, taints, GPUs, schedulability), not
+        on what runs there: made on first ask and kept, across cycles, until a node is added,
+        removed or edited in place (whoever edits one says so: `nodes_edited`). A replay's
+        cluster lives for thousands of cycles; each judged every node's filters afresh."""
+        found = self._static.get(key)
+        if found is None:
+            found = self._static[key] = make()
+        return cast(T, found)
+
+    def nodes_edited(self) -> None:
+        """A node's labels, taints or schedulability changed in place."""
+        self._static.clear()
+
+    def touch(self, name: str) -> None:
+        """The node's measured state (GPU utilization, memory in use) changed in place: what
+        was judged of it is judged again, as after allocate or release."""
+        self._changed(name)
+
+    def free_guaranteed_total(self) -> int:
+        return sum(free * len(names) for free, names in self._by_free.items())
 
     def changes(self, name: str) -> int:
         return self._changes.get(name, 0)
 
     def _changed(self, name: str) -> None:
+        self.version += 1
         self._changes[name] = self._changes.get(name, 0) + 1
 
     # ----- allocations -------------------------------------------------------

@@ -36,6 +36,7 @@ from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
 from gangshare.core.held import HeldGpus, avoiding, gpus_by_node
 from gangshare.core.job import GangRequest, PodSet, ServiceClass, Topology
+from gangshare.core.lane_pick import LanePicker
 from gangshare.core.queueing import (
     QueuedJob,
     QueuePolicy,
@@ -104,8 +105,9 @@ def _schedule(
     cohorts = any(spec.cohort for spec in policy.queues.values())
     pick_best = policy.fair_share or cohorts
     open_lanes = [lane for lane in lanes if lane]
+    picker = LanePicker(cycle.lane_priority, lambda: len(cycle.result.admitted))
     while open_lanes:
-        lane = min(open_lanes, key=cycle.lane_priority) if pick_best else open_lanes[0]
+        lane = picker.pick(open_lanes) if pick_best else open_lanes[0]
         job = lane.pop(0)
         blocked = cycle.consider(job)
         if blocked and not (
@@ -150,7 +152,8 @@ class _Cycle:
         # The cluster only fills up during a cycle, so a shape that failed keeps failing.
         self.failed_shapes: dict[ShapeKey, tuple[int, str]] = {}
         # Shape and workers -> why it can never fit (None: it could), judged once per cycle.
-        self.never: dict[tuple[object, ...], str | None] = {}
+        # Each gang's shape verdict by identity: hashing the shape for every visit was a cost.
+        self.never: dict[int, tuple[GangRequest, str | None]] = {}
         # Guaranteed GPUs free and freeing, where blocked heads can run (reservations).
         self.held = HeldGpus(cluster, running, now, policy.default_runtime_seconds)
         # Lanes whose first quota-blocked job reserved in this cycle.
@@ -172,27 +175,33 @@ class _Cycle:
 
     def _needs_borrowing(self, job: QueuedJob) -> bool:
         return (
-            self._quota_reason(job) is not None
+            self._over_quota(job)
             and job.queue in self.policy.queues
             and (self.policy.queues[job.queue].cohort is not None)
         )
 
     def inadmissible(self, job: QueuedJob) -> str | None:
-        """Why waiting cannot help the job (policy or shape, judged once per shape); None."""
+        """Why waiting cannot help the job (policy or shape, judged once per shape while the
+        nodes stand: it depends on what they are, not on what runs there); None."""
         gang = job.gang
-        key: tuple[object, ...] = (
-            gang.service_class,
-            gang.workers,
-            gang.gpus_per_worker,
-            gang.topology,
-            gang.gpu_model,
-            gang.gpu_memory_mib,
-            gang.constraints,
-            gang.companions,
-        )
-        if key not in self.never:
-            self.never[key] = never_fits(self.cluster, gang)
-        return policy_refusal(self.policy, job) or self.never[key]
+        known = self.never.get(id(gang))
+        if known is None or known[0] is not gang:
+            key: tuple[object, ...] = (
+                "never-fits",
+                gang.service_class,
+                gang.workers,
+                gang.gpus_per_worker,
+                gang.topology,
+                gang.gpu_model,
+                gang.gpu_memory_mib,
+                gang.constraints,
+                gang.companions,
+            )
+            [why] = self.cluster.kept_while_nodes_stand(
+                key, lambda: [never_fits(self.cluster, gang)]
+            )
+            known = self.never[id(gang)] = (gang, why)
+        return policy_refusal(self.policy, job) or known[1]
 
     def mark_if_inadmissible(self, job: QueuedJob) -> bool:
         """Record the job as Inadmissible when waiting cannot help it; True if so."""
@@ -240,7 +249,7 @@ class _Cycle:
             head = lane[0] if lane else None
             if head is None or not self.policy.backfill_of(head.queue):
                 continue
-            if head.service_class is not ServiceClass.GUARANTEED or not self._quota_reason(head):
+            if head.service_class is not ServiceClass.GUARANTEED or not self._over_quota(head):
                 continue
             if self._needs_borrowing(head) and not self.book.borrow_refusal(head.queue, head.gpus):
                 continue
@@ -332,17 +341,21 @@ class _Cycle:
         ):
             self._reserve(job)
 
-    def _quota_reason(self, job: QueuedJob) -> str | None:
+    def _over_quota(self, job: QueuedJob) -> bool:
+        """_quota_reason is not None, without the words (asked for every lane at every pop)."""
         if job.service_class is not ServiceClass.GUARANTEED:
-            return None
+            return False
         quota = self.policy.quota(job.queue)
-        used = self.usage.get(job.queue, 0)
-        if quota is not None and used + job.gpus > quota:
-            return (
-                f"queue {job.queue} guaranteed quota: {used} of {quota} GPUs in use, "
-                f"job needs {job.gpus}"
-            )
-        return None
+        return quota is not None and self.usage.get(job.queue, 0) + job.gpus > quota
+
+    def _quota_reason(self, job: QueuedJob) -> str | None:
+        if not self._over_quota(job):
+            return None
+        used, quota = self.usage.get(job.queue, 0), self.policy.quota(job.queue)
+        return (
+            f"queue {job.queue} guaranteed quota: {used} of {quota} GPUs in use, "
+            f"job needs {job.gpus}"
+        )
 
     def _estimate(self, job: QueuedJob) -> float:
         return job.runtime_estimate or self.policy.default_runtime(job.queue)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gangshare.core.choose import choose_gpus
 from gangshare.core.cluster import AllocationError, Cluster
-from gangshare.core.fit import capacity_if_empty, static_rejection, worker_capacity
+from gangshare.core.fit import capacity_if_empty, static_rejection
 from gangshare.core.job import (
     GangRequest,
     Topology,
@@ -27,8 +27,7 @@ from gangshare.core.job import (
 )
 from gangshare.core.node import NodeState
 from gangshare.core.podsets import companions_never_fit, plan_companions
-from gangshare.core.score import opportunistic_bound, score_worker
-from gangshare.core.verdicts import room_of, score_of
+from gangshare.core.verdicts import by_opportunistic_bound, room_of, score_of
 
 
 @dataclass(frozen=True)
@@ -238,34 +237,29 @@ def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candid
             if room_of(cluster, node, req, kept) >= workers:
                 return [(node, workers)]
         return None
-    if kept is not None:
-        # Every node's verdict is at hand (most kept from earlier in the cycle): the best
-        # score, then the name, as the branch and bound below finds it.
-        found = min(
-            (
-                (-score_of(cluster, node, req, kept), name)
-                for name, node in cluster.nodes.items()
-                if room_of(cluster, node, req, kept) >= workers
-            ),
-            default=None,
-        )
-        return None if found is None else [(cluster.nodes[found[1]], workers)]
-    nodes: Iterable[tuple[float, str, NodeState]]
     if req.gpus == 1:
-        # Branch and bound: visit nodes by the most a 1-GPU worker could score there (name
-        # breaks ties, as below); once that cannot beat the best found, nothing later can.
-        nodes = sorted((-opportunistic_bound(n), n.name, n) for n in cluster.nodes.values())
-    else:
-        nodes = ((-1.0, n.name, n) for n in cluster.nodes.values())
-    best: tuple[float, str, NodeState] | None = None
-    for bound, name, node in nodes:
-        if best is not None and req.gpus == 1 and (bound, name) > best[:2]:
-            break
-        if worker_capacity(node, req) >= workers:
-            key = (-score_worker(node, req), name, node)
-            if best is None or key[:2] < best[:2]:
-                best = key
-    return None if best is None else [(best[2], workers)]
+        # Branch and bound: nodes by the most a 1-GPU worker could score there (name breaks
+        # ties, as the score does); once that cannot beat the best found, nothing later can.
+        best: tuple[float, str] | None = None
+        for bound, name in by_opportunistic_bound(cluster):
+            if best is not None and (bound, name) > best:
+                break
+            node = cluster.nodes[name]
+            if room_of(cluster, node, req, kept) >= workers:
+                key = (-score_of(cluster, node, req, kept), name)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else [(cluster.nodes[best[1]], workers)]
+    # Wider workers have no cheap bound: every node, the best score, then the name.
+    found = min(
+        (
+            (-score_of(cluster, node, req, kept), name)
+            for name, node in cluster.nodes.items()
+            if room_of(cluster, node, req, kept) >= workers
+        ),
+        default=None,
+    )
+    return None if found is None else [(cluster.nodes[found[1]], workers)]
 
 
 def _fewest_nodes(candidates: list[Candidate], workers: int) -> list[Candidate] | None:

@@ -111,14 +111,15 @@ class HeldGpus:
         self._admitted: list[_Held] = []
         self._scopes: dict[Nodes, _Scope] = {}
         self._by_queue: dict[str, list[Ending]] | None = None
-        self._usable: dict[WorkerRequest, Nodes] = {}
 
     def nodes_for(self, gang: GangRequest) -> Nodes:
         """Where the gang could ever run (kept per request: node filters do not change)."""
         worker = head_worker(gang)
-        if worker not in self._usable:
-            self._usable[worker] = usable_nodes(self.cluster, worker)
-        return self._usable[worker]
+        # A one-element box: None (every node) is a value worth keeping too.
+        [usable] = self.cluster.kept_while_nodes_stand(
+            ("usable-nodes", worker), lambda: [usable_nodes(self.cluster, worker)]
+        )
+        return usable
 
     def free(self, nodes: Nodes) -> int:
         return self._scope(nodes).free
@@ -130,7 +131,11 @@ class HeldGpus:
         """Expected ends of the queue's own guaranteed jobs (borrowers spend no quota)."""
         if self._by_queue is None:
             self._by_queue = {}
-            for held in self._all_held():
+            for job in self._running:
+                if job.service_class is ServiceClass.GUARANTEED and not job.borrowed:
+                    ending = (self._end_of(job), job.gpus)
+                    self._by_queue.setdefault(job.queue, []).append(ending)
+            for held in self._admitted:
                 if not held.borrowed:
                     self._by_queue.setdefault(held.queue, []).append((held.end, held.gpus))
             for mine in self._by_queue.values():
@@ -152,11 +157,31 @@ class HeldGpus:
     def _scope(self, nodes: Nodes) -> _Scope:
         scope = self._scopes.get(nodes)
         if scope is None:
-            names = self.cluster.nodes if nodes is None else nodes
-            free = sum(self.cluster.nodes[name].free_guaranteed for name in names)
-            ends = [(h.end, h.gpus_on(nodes)) for h in self._all_held(located=nodes is not None)]
+            if nodes is None:
+                free = self.cluster.free_guaranteed_total()
+            else:
+                free = sum(self.cluster.nodes[name].free_guaranteed for name in nodes)
+            if nodes is None:
+                # Counted cluster-wide: no need to know where each holds its GPUs.
+                ends = [*self._running_ends(), *((h.end, h.gpus) for h in self._admitted)]
+            else:
+                ends = [(h.end, h.gpus_on(nodes)) for h in self._all_held(located=True)]
             scope = self._scopes[nodes] = _Scope(free, sorted(e for e in ends if e[1]))
         return scope
+
+    def _running_ends(self) -> list[Ending]:
+        """(expected end, GPUs) of every guaranteed job running, without a _Held each: most
+        cycles ask only this, and making one per running job was a tenth of a replay."""
+        return [
+            (self._end_of(job), job.gpus)
+            for job in self._running
+            if job.service_class is ServiceClass.GUARANTEED
+        ]
+
+    def _end_of(self, job: RunningJob) -> float:
+        if job.expected_end is None:
+            return self._now + self._default_end
+        return job.expected_end
 
     def _all_held(self, located: bool = False) -> list[_Held]:
         """Every guaranteed job running, and those admitted so far in this cycle; `located`:
@@ -166,7 +191,7 @@ class HeldGpus:
             self._running_held = [
                 _Held(
                     job.queue,
-                    self._now + self._default_end if job.expected_end is None else job.expected_end,
+                    self._end_of(job),
                     job.gpus,
                     job.borrowed,
                     None,

@@ -102,6 +102,8 @@ class ClusterCache:
                 and fresh.rack == existing.rack
             ):
                 _refresh_in_place(existing, fresh)
+                self.cluster.nodes_edited()
+                self.cluster.touch(name)
                 return
             if fresh is None:
                 self._topology.pop(name, None)

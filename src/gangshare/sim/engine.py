@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gangshare.core import ServiceClass
 from gangshare.core.clock import ManualClock
@@ -57,15 +57,27 @@ from gangshare.sim.colocation import ColocationModel
 # Re-exported: importers have long named SimConfig from here (its defaults: sim.config).
 from gangshare.sim.config import SimConfig
 from gangshare.sim.decide import borrow_room, decide
-from gangshare.sim.evictions import Counters, Evictions, JobState
+from gangshare.sim.evictions import Counters, Evictions, JobState, RequeueRecorder
 from gangshare.sim.ledger import GpuId, GpuLedger
 from gangshare.sim.metrics import JobRecord, TimeSeries
 from gangshare.sim.pending import PendingIndex
 from gangshare.sim.policy import SimPolicy
 from gangshare.sim.workload import JobSpec
 
-if TYPE_CHECKING:
-    from gangshare.sim.openmetrics import ReplayMetrics
+
+class Recorder(RequeueRecorder, Protocol):
+    """The engine's hooks for the replay's metrics (--metrics-out: sim/openmetrics.py)."""
+
+    def arrived(self, key: str, queue: str, service_class: str) -> None: ...
+
+    def admitted(self, key: str, service_class: str, borrowed: bool, wait: float) -> None: ...
+
+    def finished(self, key: str) -> None: ...
+
+    def advance(self, sim: Simulation, start: float, end: float) -> None: ...
+
+    def close(self, sim: Simulation, end: float) -> None: ...
+
 
 __all__ = [
     "MAX_CYCLES_PER_INSTANT",
@@ -136,7 +148,7 @@ class Simulation(Evictions):
         # Called after every instant; tests and --check-invariants hang assertions here.
         self.check: Callable[[Simulation], None] | None = None
         # The operator's and agents' series over the replay (--metrics-out), when asked for.
-        self.recorder: ReplayMetrics | None = None
+        self.recorder: Recorder | None = None
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._ticks: set[float] = set()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gangshare.core.cycle import CycleResult
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
@@ -32,8 +32,11 @@ from gangshare.sim.metrics import JobRecord
 from gangshare.sim.pending import PendingIndex
 from gangshare.sim.workload import JobSpec
 
-if TYPE_CHECKING:
-    from gangshare.sim.openmetrics import ReplayMetrics
+
+class RequeueRecorder(Protocol):
+    """What evictions tell the replay's metrics (sim/openmetrics.py implements it)."""
+
+    def requeued(self, key: str, reason: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -186,7 +189,7 @@ class Evictions:
     borrowed: dict[str, int]
     ledger: GpuLedger
     counters: Counters
-    recorder: ReplayMetrics | None
+    recorder: RequeueRecorder | None
 
     def _stop(self, job: JobState, now: float) -> None:
         """Take a running job off its GPUs (finished or evicted): the engine's."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gangshare.core.queues import CohortBook
+from gangshare.core.verdicts import stale_bounds
 from gangshare.sim.decide import borrowed_usage, free_guaranteed_gpus, guaranteed_usage
 from gangshare.sim.sharing import share_gpu
 
@@ -22,6 +23,14 @@ class InvariantError(AssertionError):
 
 def _fail(message: str) -> None:
     raise InvariantError(message)
+
+
+def check_kept_bounds(sim: Simulation) -> None:
+    """What the cluster keeps of each node across cycles (core/verdicts.py) is what judging it
+    afresh gives: every change the replay makes in place was told to the cluster."""
+    stale = stale_bounds(sim.cluster)
+    if stale:
+        _fail(f"nodes {stale[:5]}: kept placement bound differs from a fresh one (no touch)")
 
 
 def check_gpus(sim: Simulation) -> None:
@@ -135,6 +144,7 @@ def check_progress(sim: Simulation) -> None:
 
 def check_state(sim: Simulation) -> None:
     check_gpus(sim)
+    check_kept_bounds(sim)
     check_books(sim)
     check_quotas(sim)
     check_progress(sim)

@@ -40,6 +40,7 @@ class GpuLedger:
         params: ControlParams,
     ) -> None:
         self.model = model
+        self._cluster = cluster
         self.coordinator = Coordinator(model, params)
         self._workload_of = workload_of
         self.gpus: dict[GpuId, GpuState] = {
@@ -126,8 +127,11 @@ class GpuLedger:
         self._beside_speed[gid] = beside_speed
         # What the node agent publishes; no tenants: no memory figure (nothing to lend against).
         gpu = self.gpus[gid]
-        gpu.utilization = new.util / 100.0
-        gpu.memory_used_mib = new.memory_mib if new.speeds else None
+        utilization, memory = new.util / 100.0, new.memory_mib if new.speeds else None
+        if (utilization, memory) != (gpu.utilization, gpu.memory_used_mib):
+            gpu.utilization, gpu.memory_used_mib = utilization, memory
+            # What the cluster judged of the node (core/verdicts.py) is judged again.
+            self._cluster.touch(gid[0])
         return set(old.speeds) | set(new.speeds)
 
     def speed_of(self, owner: str, gids: Iterable[GpuId]) -> float:

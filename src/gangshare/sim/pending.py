@@ -106,9 +106,14 @@ class PendingIndex:
 
     def lane(self, lane: LaneKey) -> Iterator[QueuedJob]:
         """The lane's jobs in the core's order, with the estimates of the moment."""
+        return map(self._fresh, self._in_order(lane))
+
+    def _in_order(self, lane: LaneKey) -> Iterator[QueuedJob]:
+        """The lane's jobs in the core's order, as queued: a reader that skips most of a long
+        lane gives the estimates of the moment only to those it keeps."""
         parts = self._parts[lane]
         if not self._live_order:
-            yield from map(self._fresh, parts[0][1])
+            yield from parts[0][1]
             return
         streams = []
         for _, jobs in parts.values():
@@ -116,7 +121,7 @@ class PendingIndex:
             first = self.policy.order_key(self._fresh(jobs[0]))[0]
             streams.append(_keyed(first, jobs))
         for _, job in heapq.merge(*streams, key=lambda item: item[0]):
-            yield self._fresh(job)
+            yield job
 
     def _strict(self, lane: LaneKey) -> bool:
         # The core clears a lane behind a blocked job, except guaranteed lanes under backfill.
@@ -181,27 +186,29 @@ class PendingIndex:
             guaranteed = lane[1] == ServiceClass.GUARANTEED.value
             room = headroom.get(lane[0], UNLIMITED) if guaranteed else UNLIMITED
             borrow = min(rooms.get(lane[0], 0), share_slots) if guaranteed else 0
-            jobs = self.lane(lane)
             if not self._strict(lane):
-                chosen.append(next(jobs))
+                # Most of a backlogged lane is skipped: only the jobs kept get fresh estimates.
+                queued = self._in_order(lane)
+                kept = [next(queued)]
                 in_cohort = lane[0] in rooms
                 skipped: QueuedJob | None = None
                 reserver_kept = False
-                for job in jobs:
+                for job in queued:
                     if job.gpus <= room or job.gpus <= borrow:
                         if skipped is not None:
-                            chosen.append(skipped)
+                            kept.append(skipped)
                             skipped = None
-                        chosen.append(job)
+                        kept.append(job)
                     elif not reserver_kept:
-                        chosen.append(job)
+                        kept.append(job)
                         reserver_kept = True
                     elif in_cohort:
                         skipped = job
+                chosen.extend(map(self._fresh, kept))
                 continue
             bound = min(free_gpus, room) + borrow if guaranteed else share_slots
             used = 0
-            for job in jobs:
+            for job in self.lane(lane):
                 chosen.append(job)
                 used += job.gpus
                 if used > bound:

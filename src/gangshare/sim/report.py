@@ -15,13 +15,14 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from gangshare.sim.cli import REPO_ROOT, TRACES, parse_window
 from gangshare.sim.clusters import SimCluster, load_sim_cluster
 from gangshare.sim.colocation import ColocationModel, load_colocation
+from gangshare.sim.machine import describe_machine
+from gangshare.sim.outcome import Experiment, Outcome
 from gangshare.sim.outputs import write_json
 from gangshare.sim.policy import parse_policy
 from gangshare.sim.run import RunResult, simulate
@@ -30,21 +31,6 @@ from gangshare.sim.trace import Trace, load_trace
 SEED = 1
 FULL_STACK = "multi-queue,fair-share,backfill,antman"
 COHORT_STACK = f"{FULL_STACK},cohort"
-
-
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    title: str
-    # Relative to the traces directory.
-    trace: str
-    # Relative to the repository root, or (a node list) to the traces directory.
-    cluster: str
-    policies: tuple[str, ...]
-    fraction: float = 1.0
-    window: str | None = None
-    # Policies drawn in the plots (all of them when empty); no plots when None.
-    plotted: tuple[str, ...] | None = field(default=())
 
 
 PHILLY = "philly/philly_jobs.csv"
@@ -144,14 +130,6 @@ EXPERIMENTS = (
         plotted=("fifo", "priority", "qssf", "multi-queue", "backfill", "antman"),
     ),
 )
-
-
-@dataclass
-class Outcome:
-    experiment: Experiment
-    trace: Trace
-    cluster: str
-    results: list[RunResult]
 
 
 def _cluster_path(experiment: Experiment, traces: Path) -> Path:
@@ -258,7 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gangshare.sim.report_md import results_markdown
 
     write_artifacts(outcomes, args.out / "results")
-    (args.out / "results.md").write_text(results_markdown(outcomes, seconds, args.workers))
+    side_by_side = min(args.workers, sum(len(e.policies) for e in chosen))
+    machine = describe_machine(side_by_side, REPO_ROOT)
+    (args.out / "results.md").write_text(results_markdown(outcomes, seconds, args.workers, machine))
     print(f"wrote {args.out / 'results.md'} and {args.out / 'results'}/", file=sys.stderr)
     return 0
 

@@ -15,7 +15,7 @@ from gangshare.sim.report_compare import by_policy, num
 from gangshare.sim.run import RunResult
 
 if TYPE_CHECKING:
-    from gangshare.sim.report import Outcome
+    from gangshare.sim.outcome import Outcome
 
 FIFO = "fifo"
 POOL = "fifo,pool"

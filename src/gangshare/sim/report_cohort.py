@@ -33,7 +33,7 @@ from gangshare.sim.report_compare import ANTMAN_MEMORY_GAIN, ANTMAN_SM_GAIN, by_
 from gangshare.sim.run import RunResult
 
 if TYPE_CHECKING:
-    from gangshare.sim.report import Outcome
+    from gangshare.sim.outcome import Outcome
 
 COHORT_STACK = "multi-queue,fair-share,backfill,antman,cohort"
 BEFORE = "fifo"

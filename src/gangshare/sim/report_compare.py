@@ -13,7 +13,7 @@ from gangshare.sim.outputs import pct
 from gangshare.sim.run import RunResult
 
 if TYPE_CHECKING:
-    from gangshare.sim.report import Outcome
+    from gangshare.sim.outcome import Outcome
 
 # HeliosArtifact README / SC'21 paper, Philly trace, consolidate placement: (avg JCT, avg queue).
 HELIOS = {"fifo": (86_072, 56_531), "sjf-oracle": (34_272, 4_731), "qssf": (37_324, 7_783)}

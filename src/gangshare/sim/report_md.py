@@ -31,7 +31,7 @@ from gangshare.sim.report_compare import (
 from gangshare.sim.run import DEFAULT_OPPORTUNISTIC_FRACTION, RunResult
 
 if TYPE_CHECKING:
-    from gangshare.sim.report import Outcome
+    from gangshare.sim.outcome import Outcome
 
 
 def setup_section(outcomes: Sequence[Outcome]) -> list[str]:
@@ -243,7 +243,10 @@ def usage_section() -> list[str]:
     ]
 
 
-def results_markdown(outcomes: Sequence[Outcome], seconds: float, workers: int) -> str:
+def results_markdown(
+    outcomes: Sequence[Outcome], seconds: float, workers: int, machine: str
+) -> str:
+    """`machine`: sim/machine.py's sentence on where the timings were measured."""
     named = {o.experiment.name: o for o in outcomes}
     lines = [
         "# Simulator results",
@@ -282,8 +285,8 @@ def results_markdown(outcomes: Sequence[Outcome], seconds: float, workers: int) 
     lines += usage_section()
     lines += ["## Replay speed in this run", ""]
     lines += [
-        f"Replays ran {workers} at a time, so each had at most one core; `bench/simulator.py`",
-        "measures a replay alone and how its time grows with trace length.",
+        f"{machine} Each time below was measured in the run that wrote this page;",
+        "`bench/simulator.py` measures a replay alone and how its time grows with trace length.",
         "",
     ]
     for outcome in outcomes:

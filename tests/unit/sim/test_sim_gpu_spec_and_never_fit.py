@@ -13,9 +13,10 @@ from gangshare.core.constraints import UNCONSTRAINED, SelectorOperator
 from gangshare.core.spec import SpecError
 from gangshare.sim.clusters import load_sim_cluster
 from gangshare.sim.engine import Simulation
+from gangshare.sim.outcome import Outcome
 from gangshare.sim.outputs import markdown, never_held
 from gangshare.sim.policy import parse_policy
-from gangshare.sim.report import EXPERIMENTS, Outcome
+from gangshare.sim.report import EXPERIMENTS
 from gangshare.sim.report_md import setup_section
 from gangshare.sim.run import rejection_reasons, simulate
 from gangshare.sim.trace import Trace, TraceError, TraceJob, gpu_models, load_trace

@@ -1,11 +1,13 @@
 """docs/results.md is built from replays: tables per policy, comparisons with published figures."""
 
+import os
 import random
 
 from simkit import model, setup
 
+from gangshare.sim.outcome import Outcome
 from gangshare.sim.policy import parse_policy
-from gangshare.sim.report import EXPERIMENTS, Outcome, main
+from gangshare.sim.report import EXPERIMENTS, main
 from gangshare.sim.report_md import results_markdown
 from gangshare.sim.run import simulate
 from gangshare.sim.trace import Trace, TraceJob
@@ -36,8 +38,10 @@ def test_results_markdown_tables_every_policy_and_compares_with_helios():
         outcome("helios-3of8", ["fifo", "sjf-oracle", "qssf"]),
         outcome("helios-full", ["fifo", "sjf-oracle", "qssf"]),
     ]
-    text = results_markdown(outcomes, 90.0, 2)
+    machine = "Measured on 2 core(s) of a test CPU; 2 replays ran side by side."
+    text = results_markdown(outcomes, 90.0, 2, machine)
     assert "took 1.5 minutes with 2 replay process(es)" in text
+    assert f"## Replay speed in this run\n\n{machine} Each time below" in text
     philly = outcomes[0].results[0].summary
     assert f"| fifo | 80 | {philly['jct']['mean']:,.0f} |" in text
     helios = outcomes[1].results[0].summary
@@ -73,7 +77,7 @@ def test_the_cohort_section_compares_before_after_the_baselines_and_the_oracle()
     results = [simulate(trace, build, parse_policy(p), model(), seed=1) for p in policies]
     assert [r.policy for r in results] == policies
     cohort = Outcome(NAMED["philly-cohort"], trace, "2 nodes, 8 GPUs", results)
-    text = results_markdown([cohort], 60.0, 2)
+    text = results_markdown([cohort], 60.0, 2, "Measured here.")
     assert "## Cohorts on a backlogged cluster" in text
     pool, after, oracle = (results[i].summary for i in (1, 3, 5))
     ratio = pool["queueing"]["mean"] / after["queueing"]["mean"]
@@ -92,3 +96,12 @@ def test_the_cohort_section_compares_before_after_the_baselines_and_the_oracle()
     assert f"| {AFTER} | {cells} |" in text
     assert f"| {after['evictions']:,} | {after['reclaims']:,} |" in text
     assert results[3].counters.borrowed > 0  # vc-a and vc-b lent each other idle quota
+
+
+def test_the_machine_sentence_names_cores_model_commit_and_side_by_side(tmp_path):
+    from gangshare.sim.machine import describe_machine
+
+    alone = describe_machine(1, tmp_path)  # not a git checkout: the commit is unknown
+    assert alone.startswith(f"Measured on {os.cpu_count()} core(s) of ")
+    assert "at commit unknown; replays ran one at a time." in alone
+    assert "2 replays ran side by side" in describe_machine(2, tmp_path)
