@@ -77,7 +77,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/predictor.py
 	$(BIN)/python bench/extender.py
 
-# Regenerate docs/results.md and docs/results/ (the simulator on Philly and Alibaba 2023; ~34 min on 2 cores).
+# Regenerate docs/results.md and docs/results/ (the simulator on Philly and Alibaba 2023; ~38 min on 2 cores).
 results: $(STAMP)
 	$(BIN)/python -m gangshare.sim.report
 

@@ -360,7 +360,7 @@ def apply(kubectl: list[str], objects: list[dict[str, Any]]) -> None:
 
 
 def start_gangshare(
-    cluster: LocalCluster, kubectl: list[str]
+    cluster: LocalCluster, kubectl: list[str], forecast_period: float = 30.0
 ) -> tuple[list[processes.Child], dict[str, int]]:
     """The bench's extender, kube-scheduler and operator, with the Queues they serve."""
     state = cluster.state
@@ -387,6 +387,7 @@ def start_gangshare(
         "--backfill",
         "--starvation-seconds=604800",
         "--reclaim-min-runtime=0",
+        f"--forecast-period={forecast_period}",
     ]
     children.append(start_operator(cluster, "scale-operator", SCHEDULER, policy))
     pids = {
@@ -448,7 +449,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         state = cluster.up(cluster_nodes(args.nodes, args.gpus), timeout=900)
         report["cluster_up_s"] = time.perf_counter() - started
         kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
-        children, pids = start_gangshare(cluster, kubectl)
+        children, pids = start_gangshare(cluster, kubectl, args.forecast_period)
         apply(kubectl, queues(args.nodes * args.gpus))
         scale = Scale(cluster, args, pids)
         scale.seen.start()
@@ -494,6 +495,12 @@ def main() -> None:
     parser.add_argument("--big-reclaim", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per wait")
     parser.add_argument("--json", type=Path, help="write the report here too")
+    parser.add_argument(
+        "--forecast-period",
+        type=float,
+        default=30.0,
+        help="the operator's --forecast-period (start-time forecasts; 0: off, to compare)",
+    )
     parser.add_argument(
         "--profile", type=Path, help="py-spy the operator and extender per scenario into here"
     )

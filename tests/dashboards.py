@@ -92,6 +92,7 @@ def exported_families() -> dict[str, str]:
     operator = OperatorMetrics(CollectorRegistry())
     operator.set_trainingjobs([])
     operator.set_queues({}, {})
+    operator.set_forecasts([], 0.0)
     registries = [
         operator.registry,
         ExtenderMetrics(CollectorRegistry()).registry,

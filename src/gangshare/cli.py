@@ -12,6 +12,7 @@ from gangshare.demo import add_demo_command
 from gangshare.dev.cli import add_dev_command
 from gangshare.extender.main import add_extender_command
 from gangshare.operator.main import add_operator_command
+from gangshare.queue_view import add_queue_command
 from gangshare.sim.cli import add_simulate_command
 from gangshare.whatif import add_plan_command
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gangshare {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_plan_command(commands)
+    add_queue_command(commands)
     add_simulate_command(commands)
     add_dev_command(commands)
     add_operator_command(commands)

@@ -9,6 +9,7 @@ until that node changes.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,6 +76,17 @@ class Cluster:
             else:
                 del self._allocations[owner]
         return node
+
+    def copy(self) -> Cluster:
+        """An independent twin (nodes, GPUs and allocations copied) for a what-if replay
+        (core/forecast.py) that must not change the snapshot it starts from."""
+        twin = Cluster()
+        twin.nodes = copy.deepcopy(self.nodes)
+        twin._by_free = {free: dict(names) for free, names in self._by_free.items()}
+        twin._allocations = {owner: list(held) for owner, held in self._allocations.items()}
+        twin._changes = dict(self._changes)
+        twin.version = self.version
+        return twin
 
     def node(self, name: str) -> NodeState:
         return self.nodes[name]

@@ -32,6 +32,7 @@ from gangshare.operator.batch_pods import (
 )
 from gangshare.operator.batch_pods import phase as pod_phase
 from gangshare.operator.conditions import condition, iso, set_condition
+from gangshare.operator.forecasts import written_forecast_note
 from gangshare.operator.lifecycle import (
     Limits,
     back_of_the_line,
@@ -151,6 +152,8 @@ def detect_batch_actions(
         why = actions.status.get("message") or status.get("message") or "waiting for admission"
         actions.job_events.append(Event("Normal", "Suspended", f"suspended by gangshare: {why}"))
     message = actions.status.get("message", status.get("message"))
+    if message and after == "Queued" and status.get("forecast"):
+        message = f"{message}; {written_forecast_note(status['forecast'])}"
     annotations = (job.get("metadata") or {}).get("annotations") or {}
     if message and annotations.get(STATUS_ANNOTATION) != f"{after}: {message}":
         actions.note = f"{after}: {message}"

@@ -33,6 +33,13 @@ def add_operator_command(commands: Any) -> None:
     )
     op.add_argument("--cycle-interval", type=float, default=env("GANGSHARE_CYCLE_INTERVAL", "1.0"))
     op.add_argument(
+        "--forecast-period",
+        type=float,
+        default=env("GANGSHARE_FORECAST_PERIOD", "30"),
+        help="seconds between start-time forecasts of waiting jobs (status.forecast; at least "
+        "20x what the last one took); 0 turns them off",
+    )
+    op.add_argument(
         "--ordering",
         choices=[o.value for o in Ordering],
         default=env("GANGSHARE_ORDERING", "Priority"),
@@ -269,6 +276,7 @@ def run_operator(args: argparse.Namespace) -> int:
         leading=leading,
         informers=informers,
     )
+    loop.forecasts.period_seconds = args.forecast_period
     informers.listen_to_pods(pod_listener(reconciler, loop, leading))
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
     thread.start()

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gangshare.core.forecast import Forecast
 from gangshare.core.queues import QueueSpec
 from gangshare.kube.queued_kinds import workload_kind_name
 from gangshare.kube.snapshot import parse_time
@@ -165,6 +166,16 @@ class _Snapshot(Collector):
             return iter(list(self._families))
 
 
+FORECAST_WAIT = "gangshare_forecast_wait_seconds"
+FORECAST_BEYOND = "gangshare_forecast_beyond_horizon_jobs"
+FORECAST_HELP = {
+    FORECAST_WAIT: "Forecast wait of a queue's waiting jobs at the last forecast "
+    "(status.forecast), by queue and position: first, median and last of its jobs by "
+    "forecast start.",
+    FORECAST_BEYOND: "Waiting jobs of a queue that the last forecast does not start within its "
+    "horizon (a week).",
+}
+
 TRAININGJOBS_HELP = (
     "TrainingJobs present (not being deleted) after the last scheduling pass, by phase (New: "
     "not seen by the operator yet, Queued, Admitted, Running, Restarting, Succeeded, Failed), "
@@ -183,6 +194,16 @@ class OperatorMetrics:
         self._queues = _Snapshot(lambda: [GaugeMetricFamily(n, "") for n in QUEUE_HELP])
         r.register(self._jobs)
         r.register(self._queues)
+        self._forecasts = _Snapshot(
+            lambda: [GaugeMetricFamily(n, "") for n in (FORECAST_WAIT, FORECAST_BEYOND)]
+        )
+        r.register(self._forecasts)
+        self.forecast = Histogram(
+            "gangshare_forecast_duration_seconds",
+            "One start-time forecast: the pass's snapshot replayed forward through the cycle.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self.leader = Gauge(
             "gangshare_operator_leader",
             "1 while this operator process holds the leader Lease (or runs without leader "
@@ -285,6 +306,33 @@ class OperatorMetrics:
                 family.add_metric([queue], value)
             families.append(family)
         self._queues.replace(families)
+
+    def set_forecasts(self, forecasts: Iterable[Forecast], now: float) -> None:
+        """Per queue, the forecast waits of its first, median and last waiting job (by
+        forecast start), and how many it does not start within the horizon."""
+        waits: dict[str, list[float]] = {}
+        beyond: dict[str, int] = {}
+        for forecast in forecasts:
+            wait = forecast.wait(now)
+            if wait is None:
+                beyond[forecast.queue] = beyond.get(forecast.queue, 0) + 1
+            else:
+                waits.setdefault(forecast.queue, []).append(wait)
+            beyond.setdefault(forecast.queue, 0)
+        wait_family = GaugeMetricFamily(
+            FORECAST_WAIT, FORECAST_HELP[FORECAST_WAIT], labels=["queue", "position"]
+        )
+        for queue, values in sorted(waits.items()):
+            values.sort()
+            picks = (("first", values[0]), ("median", values[len(values) // 2]))
+            for position, value in (*picks, ("last", values[-1])):
+                wait_family.add_metric([queue, position], value)
+        beyond_family = GaugeMetricFamily(
+            FORECAST_BEYOND, FORECAST_HELP[FORECAST_BEYOND], labels=["queue"]
+        )
+        for queue, count in sorted(beyond.items()):
+            beyond_family.add_metric([queue], count)
+        self._forecasts.replace([wait_family, beyond_family])
 
     def admitted(
         self, queue: str, service_class: str, borrowed: bool, wait: float, kind: str

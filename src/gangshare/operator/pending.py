@@ -14,14 +14,16 @@ At most WRITES_PER_PASS are written per pass, in queue order; the rest follow on
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 from gangshare.core.cycle import Pending, PendingKind
+from gangshare.core.forecast import Forecast
 from gangshare.core.queueing import QueuePolicy
 from gangshare.operator.conditions import condition, set_condition
+from gangshare.operator.forecasts import forecast_moved, forecast_status
 from gangshare.operator.kubeapi import Conflict, KubeApi
 
 WRITES_PER_PASS = 200
@@ -104,9 +106,11 @@ class PendingReasons:
         policy: QueuePolicy,
         now: float,
         pool: Executor | None = None,
+        forecasts: Mapping[str, Forecast] | None = None,
     ) -> int:
         """Write the reasons due this pass (side by side on `pool`, when given: each is an
-        API round trip); returns how many were written."""
+        API round trip), each with the job's forecast when it has moved (operator/forecasts.py);
+        returns how many were written."""
         due: list[tuple[dict[str, Any], Pending, PendingWrite]] = []
         seen = set()
         for pending in waiting:
@@ -114,14 +118,26 @@ class PendingReasons:
             seen.add(key)
             if len(due) >= self.writes_per_pass:
                 continue
-            write = detect_pending_write(by_key[key], pending, policy, now)
+            job = by_key[key]
+            write = detect_pending_write(job, pending, policy, now)
+            recent = now - self._written_at.get(key, -1e18) < self.refresh_seconds
+            if write is not None and not write.transition and recent:
+                write = None
+            forecast = (forecasts or {}).get(key)
+            written = (job.get("status") or {}).get("forecast")
+            # On a reason write it rides free; alone, a job's first is written at once, and a
+            # later one once it has moved, at most once per refresh period.
+            if forecast is not None and (
+                write is not None
+                or not written
+                or (not recent and forecast_moved(written, forecast, now))
+            ):
+                base = write or PendingWrite({}, transition=False)
+                status = {**base.status, "forecast": forecast_status(forecast, now)}
+                write = PendingWrite(status, base.transition)
             if write is None:
                 continue
-            if not write.transition and now - self._written_at.get(key, -1e18) < (
-                self.refresh_seconds
-            ):
-                continue
-            due.append((by_key[key], pending, write))
+            due.append((job, pending, write))
         for key in self._written_at.keys() - seen:
             del self._written_at[key]  # admitted, deleted or ended: nothing more to explain
         outcomes = (pool.map if pool is not None else map)(lambda d: self._write(*d), due)

@@ -19,7 +19,9 @@ from typing import Any
 
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.core.clock import Clock
+from gangshare.core.cluster import Cluster
 from gangshare.core.cycle import Admission, CycleResult, schedule_cycle
+from gangshare.core.forecast import Forecast
 from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import QueuePolicy, RunningJob
 from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
@@ -30,6 +32,7 @@ from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import iso, set_condition
+from gangshare.operator.forecasts import ForecastBook
 from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import Conflict, KubeApi, LeadershipLost
 from gangshare.operator.lifecycle import job_needs_reconcile
@@ -97,6 +100,7 @@ class SchedulerLoop:
         # Whether this replica holds the leader Lease (operator/leader.py); a standby waits.
         self.leading = leading
         self.waiting = WaitingJobs(policy.default_runtime_seconds)
+        self.forecasts = ForecastBook()
         # Queue objects as last read (None: the Queue CRD is not installed) and their statuses.
         self._queue_objects: dict[str, dict[str, Any]] | None = None
         self._default_queue_checked = False
@@ -180,9 +184,10 @@ class SchedulerLoop:
         for admission, done in zip(result.admitted, list(admitted), strict=True):
             if done:
                 report.admitted.append(admission.job.key)
+        forecasts = self._forecast(snapshot.cluster, result, snapshot.running, policy, now)
         if self.leading():
             report.reasons_written = self.pending.explain(
-                result.pending, by_key, policy, now, self._workers
+                result.pending, by_key, policy, now, self._workers, forecasts
             )
         preempted = self._preempted(result, by_key)
         self._publish_queue_statuses(policy, snapshot.running, result)
@@ -206,6 +211,35 @@ class SchedulerLoop:
             self.reconciler.reconcile_later(namespace, name)
         self.metrics.cycle.observe(time.perf_counter() - started)
         return report
+
+    def _forecast(
+        self,
+        cluster: Cluster,
+        result: CycleResult,
+        running: list[RunningJob],
+        policy: QueuePolicy,
+        now: float,
+    ) -> dict[str, Forecast]:
+        """Start-time forecasts of the jobs left waiting (operator/forecasts.py); a forecast
+        that fails leaves the last one standing: it is a report, not a decision."""
+        made = self.forecasts.made_at
+        try:
+            forecasts = self.forecasts.after_cycle(cluster, result, running, policy, now)
+        except Exception:
+            log.exception("start-time forecast failed; keeping the last one")
+            return self.forecasts.current
+        if self.forecasts.made_at != made:
+            self.metrics.forecast.observe(self.forecasts.last_seconds)
+            log.debug(
+                "forecast of %d waiting jobs in %.3fs: %d start within the horizon",
+                len(forecasts),
+                self.forecasts.last_seconds,
+                len([f for f in forecasts.values() if f.start is not None]),
+            )
+        # Of the jobs still waiting: the last forecast may name some admitted since.
+        waiting = {p.job.key for p in result.pending}
+        self.metrics.set_forecasts([f for k, f in forecasts.items() if k in waiting], now)
+        return forecasts
 
     # ----- queues --------------------------------------------------------------------
 
@@ -351,6 +385,7 @@ class SchedulerLoop:
         patch = {
             "phase": "Admitted",
             "admittedAt": iso(now),
+            "forecast": None,  # said while it waited
             "queueWaitSeconds": wait,
             # The run time backfill assumed at admission; running jobs' expected ends use it too.
             "predictedRuntimeSeconds": admission.job.runtime_estimate,

@@ -147,6 +147,8 @@ class Simulation(Evictions):
         self.on_progress = on_progress
         # Called after every instant; tests and --check-invariants hang assertions here.
         self.check: Callable[[Simulation], None] | None = None
+        # Called with each instant's arrivals before its cycle (sim/forecast_accuracy.py).
+        self.probe: Callable[[Simulation, list[QueuedJob], float], None] | None = None
         # The operator's and agents' series over the replay (--metrics-out), when asked for.
         self.recorder: Recorder | None = None
         self._events: list[tuple[float, int, int, str, int]] = []
@@ -204,6 +206,8 @@ class Simulation(Evictions):
             while i < len(arrivals) and arrivals[i].trace.submit <= now:
                 arrived.append(self._arrive(arrivals[i], now))
                 i += 1
+            if arrived and self.probe is not None:
+                self.probe(self, arrived, now)
             if (self.pending and (freed or self._any_may_start(arrived))) or (
                 wake and self._over_lent()
             ):

@@ -21,10 +21,18 @@ from pathlib import Path
 from gangshare.sim.cli import REPO_ROOT, TRACES, parse_window
 from gangshare.sim.clusters import SimCluster, load_sim_cluster
 from gangshare.sim.colocation import ColocationModel, load_colocation
+from gangshare.sim.forecast_accuracy import ForecastProbe
 from gangshare.sim.machine import describe_machine
+from gangshare.sim.metrics import JobRecord
 from gangshare.sim.outcome import Experiment, Outcome
 from gangshare.sim.outputs import write_json
 from gangshare.sim.policy import parse_policy
+from gangshare.sim.report_forecasts import (
+    ForecastOutcome,
+    ForecastRun,
+    measure,
+    write_forecast_json,
+)
 from gangshare.sim.run import RunResult, simulate
 from gangshare.sim.trace import Trace, load_trace
 
@@ -132,6 +140,13 @@ EXPERIMENTS = (
 )
 
 
+# Start-time forecasts asked at every N-th submission (report_forecasts.py).
+FORECAST_RUNS = (
+    ForecastRun("philly-cohort", "fifo", 100),
+    ForecastRun("alibaba", "fifo", 5),
+)
+
+
 def _cluster_path(experiment: Experiment, traces: Path) -> Path:
     if experiment.cluster.endswith(".csv"):
         return traces / experiment.cluster
@@ -163,15 +178,36 @@ def run_one(experiment: Experiment, policy: str, traces: Path) -> RunResult:
     )
 
 
+def forecast_one(run: ForecastRun, traces: Path) -> ForecastOutcome:
+    experiment = next(e for e in EXPERIMENTS if e.name == run.experiment)
+
+    def replay(probe: ForecastProbe) -> tuple[list[JobRecord], float]:
+        trace = _trace(traces, experiment.trace, experiment.window)
+        result = simulate(
+            trace,
+            lambda: _setup(experiment, traces),
+            parse_policy(run.policy),
+            _model(traces),
+            SEED,
+            probe=probe,
+        )
+        return result.records, result.wall_seconds
+
+    return measure(run, replay)
+
+
 def run_all(
     experiments: Sequence[Experiment], traces: Path, workers: int
-) -> tuple[list[Outcome], float]:
+) -> tuple[list[Outcome], list[ForecastOutcome], float]:
     began = time.perf_counter()
     tasks = [(e, p) for e in experiments for p in e.policies]
+    names = {e.name for e in experiments}
+    forecasts = [r for r in FORECAST_RUNS if r.experiment in names]
     # Sharing runs are the slowest (opportunistic placement scans every node): start them first.
     tasks.sort(key=lambda t: ("antman" not in t[1], t[0].name not in ("philly", "philly-cohort")))
     found: dict[tuple[str, str], RunResult] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
+        probes = {pool.submit(forecast_one, r, traces): r for r in forecasts}
         futures = {pool.submit(run_one, e, p, traces): (e.name, p) for e, p in tasks}
         for done, future in enumerate(as_completed(futures), start=1):
             key = futures[future]
@@ -182,6 +218,17 @@ def run_all(
                 file=sys.stderr,
                 flush=True,
             )
+        forecast_outcomes: list[ForecastOutcome] = []
+        for measured in as_completed(probes):
+            forecast = measured.result()
+            forecast_outcomes.append(forecast)
+            print(
+                f"[forecasts] {forecast.run.experiment:<17} {forecast.run.policy:<40}"
+                f" {forecast.replay_seconds:6.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    forecast_outcomes.sort(key=lambda o: FORECAST_RUNS.index(o.run))
     outcomes = [
         Outcome(
             e,
@@ -191,7 +238,7 @@ def run_all(
         )
         for e in experiments
     ]
-    return outcomes, time.perf_counter() - began
+    return outcomes, forecast_outcomes, time.perf_counter() - began
 
 
 def write_artifacts(outcomes: Sequence[Outcome], directory: Path) -> None:
@@ -232,13 +279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = ", ".join(e.name for e in EXPERIMENTS)
         print(f"error: --only: no experiment of that name; choose from {names}", file=sys.stderr)
         return 2
-    outcomes, seconds = run_all(chosen, args.traces, args.workers)
+    outcomes, forecasts, seconds = run_all(chosen, args.traces, args.workers)
     from gangshare.sim.report_md import results_markdown
 
     write_artifacts(outcomes, args.out / "results")
+    if forecasts:
+        write_forecast_json(args.out / "results" / "forecasts.json", forecasts)
     side_by_side = min(args.workers, sum(len(e.policies) for e in chosen))
     machine = describe_machine(side_by_side, REPO_ROOT)
-    (args.out / "results.md").write_text(results_markdown(outcomes, seconds, args.workers, machine))
+    page = results_markdown(outcomes, seconds, args.workers, machine, forecasts)
+    (args.out / "results.md").write_text(page)
     print(f"wrote {args.out / 'results.md'} and {args.out / 'results'}/", file=sys.stderr)
     return 0
 

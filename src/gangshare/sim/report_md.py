@@ -28,6 +28,7 @@ from gangshare.sim.report_compare import (
     num,
     philly_study_section,
 )
+from gangshare.sim.report_forecasts import ForecastOutcome, forecast_section
 from gangshare.sim.run import DEFAULT_OPPORTUNISTIC_FRACTION, RunResult
 
 if TYPE_CHECKING:
@@ -244,7 +245,11 @@ def usage_section() -> list[str]:
 
 
 def results_markdown(
-    outcomes: Sequence[Outcome], seconds: float, workers: int, machine: str
+    outcomes: Sequence[Outcome],
+    seconds: float,
+    workers: int,
+    machine: str,
+    forecasts: Sequence[ForecastOutcome] = (),
 ) -> str:
     """`machine`: sim/machine.py's sentence on where the timings were measured."""
     named = {o.experiment.name: o for o in outcomes}
@@ -282,6 +287,7 @@ def results_markdown(
     if "alibaba" in named:
         lines += experiment_section(named["alibaba"], "Alibaba 2023: policies side by side", True)
     lines += antman_section(named)
+    lines += forecast_section(forecasts)
     lines += usage_section()
     lines += ["## Replay speed in this run", ""]
     lines += [

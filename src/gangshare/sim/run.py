@@ -82,6 +82,7 @@ def simulate(
     opportunistic_fraction: float = DEFAULT_OPPORTUNISTIC_FRACTION,
     on_progress: Callable[[int], None] | None = None,
     recorder: ReplayMetrics | None = None,
+    probe: Callable[[Simulation, list[QueuedJob], float], None] | None = None,
 ) -> RunResult:
     config = config or SimConfig()
     setup = make_cluster()  # a fresh cluster per run: the simulation allocates on it
@@ -99,6 +100,7 @@ def simulate(
     if config.check_invariants:
         sim.check = check_state
     sim.recorder = recorder
+    sim.probe = probe
     records = sim.run()
     gpus = setup.gpu_count
     start = min((s.trace.submit for s in specs), default=0.0)

@@ -1,0 +1,173 @@
+"""Start-time forecasts for waiting jobs: when a pass makes them, and when they are written.
+
+A forecast (core/forecast.py) replays the pass's own snapshot forward through the cycle. It
+is made every PERIOD_SECONDS, sooner (but not within MIN_GAP_SECONDS) when the backlog
+changed a lot since the last one or a waiting job has none yet, so that a job's first
+pending-reason write mostly carries its forecast; never sooner than COST_FACTOR times what
+the last one took. The forecast runs in the pass, after its admissions are decided and
+before its reason writes.
+
+A forecast is written into status.forecast only when it moved by more than MOVE_SHARE of
+the wait (or MOVE_SLACK_SECONDS): a start three hours out that slips five minutes is not
+news, and each write is an API request (`bench/scale.py` counts them). The rewrite rides on
+the pending-reason write when one is due, else it is a write of its own inside the same
+per-pass budget and per-job refresh limit (operator/pending.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gangshare.core.cluster import Cluster
+from gangshare.core.cycle import CycleResult
+from gangshare.core.forecast import Forecast, ForecastSettings, forecast_starts
+from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
+from gangshare.kube.snapshot import parse_time
+from gangshare.operator.conditions import iso
+
+PERIOD_SECONDS = 30.0
+MIN_GAP_SECONDS = 5.0
+# A forecast waits at least this many times what the last one took: at 5,000 queued jobs one
+# takes seconds (bench/forecast.py), and forecasting must not slow admissions down.
+COST_FACTOR = 20.0
+# A backlog that grew or shrank by this share since the last forecast is a large change.
+LARGE_CHANGE = 0.1
+MOVE_SHARE = 0.25
+MOVE_SLACK_SECONDS = 60.0
+
+
+@dataclass
+class ForecastBook:
+    settings: ForecastSettings = field(default_factory=ForecastSettings)
+    period_seconds: float = PERIOD_SECONDS
+    current: dict[str, Forecast] = field(default_factory=dict)
+    made_at: float | None = None
+    # Wall seconds the last forecast took (the operator's metrics report it).
+    last_seconds: float = 0.0
+    _backlog: int = 0
+
+    def due(self, now: float, waiting: Sequence[QueuedJob]) -> bool:
+        if not waiting or self.period_seconds <= 0:
+            return False
+        if self.made_at is None:
+            return True
+        since = now - self.made_at
+        if since < COST_FACTOR * self.last_seconds:
+            return False
+        if since >= self.period_seconds:
+            return True
+        if since < MIN_GAP_SECONDS:
+            return False
+        moved = abs(len(waiting) - self._backlog) > LARGE_CHANGE * max(1, self._backlog)
+        return moved or any(job.key not in self.current for job in waiting)
+
+    def make(
+        self,
+        cluster: Cluster,
+        waiting: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        policy: QueuePolicy,
+        now: float,
+    ) -> dict[str, Forecast]:
+        began = time.perf_counter()
+        self.current = forecast_starts(cluster, waiting, running, policy, now, self.settings)
+        self.last_seconds = time.perf_counter() - began
+        self.made_at = now
+        self._backlog = len(waiting)
+        return self.current
+
+    def of(self, key: str) -> Forecast | None:
+        return self.current.get(key)
+
+    def after_cycle(
+        self,
+        cluster: Cluster,
+        result: CycleResult,
+        running: Sequence[RunningJob],
+        policy: QueuePolicy,
+        now: float,
+    ) -> dict[str, Forecast]:
+        """The forecasts of the jobs the pass's cycle left waiting, made afresh when due, on
+        the cluster as the cycle left it (its admissions applied, and running from now)."""
+        waiting = [p.job for p in result.pending]
+        if not self.due(now, waiting):
+            return self.current
+        admitted = [
+            RunningJob(
+                a.job.key,
+                a.job.queue,
+                a.job.gpus,
+                a.service_class,
+                now + (a.job.runtime_estimate or policy.default_runtime_seconds),
+                borrowed=a.borrowed,
+                priority=a.job.priority,
+                started_at=now,
+            )
+            for a in result.admitted
+        ]
+        return self.make(cluster, waiting, [*running, *admitted], policy, now)
+
+
+def forecast_status(forecast: Forecast, now: float) -> dict[str, Any]:
+    """status.forecast for a job (None fields left out: a merge patch would write nulls as
+    deletions, which is what a start that left the horizon needs)."""
+    wait = forecast.wait(now)
+    out: dict[str, Any] = {
+        "startTime": iso(forecast.start) if forecast.start is not None else None,
+        "earliest": iso(forecast.earliest) if forecast.earliest is not None else None,
+        "latest": iso(forecast.latest) if forecast.latest is not None else None,
+        "waitSeconds": round(wait) if wait is not None else None,
+        "positionInQueue": forecast.position,
+        "queueLength": forecast.queue_size,
+        "cohort": forecast.cohort,
+        "positionInCohort": forecast.cohort_position,
+        "blockedBy": forecast.blocked_by,
+        "madeAt": iso(now),
+    }
+    return out
+
+
+def forecast_moved(written: Mapping[str, Any] | None, forecast: Forecast, now: float) -> bool:
+    """Whether the forecast is news next to what status.forecast says."""
+    if not written:
+        return True
+    before = parse_time(written.get("startTime"))
+    if (before is None) != (forecast.start is None):
+        return True
+    if before is None or forecast.start is None:
+        return False
+    wait = max(0.0, min(before, forecast.start) - now)
+    return abs(forecast.start - before) > max(MOVE_SLACK_SECONDS, MOVE_SHARE * wait)
+
+
+def forecast_note(forecast: Forecast, now: float) -> str:
+    """One line for a queued Job's or JobSet's status annotation and `gangshare queue`."""
+    where = f"{forecast.position} of {forecast.queue_size} in queue {forecast.queue}"
+    wait = forecast.wait(now)
+    if wait is None or forecast.start is None:
+        return f"forecast: not within a week; {where}"
+    return f"forecast: starts {in_words(wait)} (about {iso(forecast.start)}); {where}"
+
+
+def in_words(seconds: float) -> str:
+    """'now', 'in ~4m', 'in ~3h', 'in ~2d': a forecast is not told to the second."""
+    if seconds < 30:
+        return "now"
+    if seconds < 3600:
+        return f"in ~{max(1, round(seconds / 60))}m"
+    if seconds < 2 * 86400:
+        return f"in ~{round(seconds / 3600)}h"
+    return f"in ~{round(seconds / 86400)}d"
+
+
+def written_forecast_note(written: Mapping[str, Any]) -> str:
+    """status.forecast in one line with no relative time in it (a queued Job's or JobSet's
+    status annotation is rewritten only when it changes, not as the clock moves)."""
+    where = f"{written.get('positionInQueue')} of {written.get('queueLength')} in its queue"
+    start = written.get("startTime")
+    if not start:
+        return f"forecast: not within a week; {where}"
+    return f"forecast start {start}; {where}"

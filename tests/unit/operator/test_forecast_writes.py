@@ -1,0 +1,156 @@
+"""Start-time forecasts in the operator: when a pass makes one, when it is written (riding on
+a pending-reason write, else only once it moved), how a queued Job shows it, and
+`gangshare queue`."""
+
+from __future__ import annotations
+
+from jobs import make_job
+from test_scheduler_pass import RecordingApi, queued, waiting
+
+from gangshare.core.cycle import PendingKind
+from gangshare.core.forecast import Forecast
+from gangshare.core.queueing import QueuePolicy
+from gangshare.operator.conditions import iso
+from gangshare.operator.forecasts import (
+    ForecastBook,
+    forecast_moved,
+    forecast_note,
+    forecast_status,
+    written_forecast_note,
+)
+from gangshare.operator.pending import PendingReasons
+from gangshare.queue_view import queue_rows, render
+
+POLICY = QueuePolicy()
+T0 = 1_800_000_000.0
+
+
+def forecast(key: str, start: float | None, position: int = 1, size: int = 3) -> Forecast:
+    return Forecast(
+        key=key,
+        queue="default",
+        start=start,
+        earliest=None if start is None else T0 + (start - T0) * 0.5,
+        latest=None if start is None else T0 + (start - T0) * 2,
+        position=position,
+        queue_size=size,
+        cohort=None,
+        cohort_position=None,
+        blocked_by="waiting behind team/x (strict order in its queue)",
+    )
+
+
+def test_a_forecast_is_due_on_its_period_sooner_for_new_jobs_and_never_within_the_gap():
+    book = ForecastBook(period_seconds=30)
+    job = waiting(queued("a"), "r", PendingKind.BEHIND).job
+    assert book.due(T0, [job])
+    book.current, book.made_at = {job.key: forecast(job.key, T0)}, T0
+    book._backlog = 1
+    assert not book.due(T0 + 10, [job])
+    assert book.due(T0 + 30, [job])
+    other = waiting(queued("b"), "r", PendingKind.BEHIND).job
+    assert not book.due(T0 + 2, [job, other])  # within the minimum gap
+    assert book.due(T0 + 6, [job, other])  # a job with no forecast yet
+    assert not book.due(T0 + 31, [])  # nothing waits
+
+
+def test_a_forecast_is_news_when_it_moves_by_a_quarter_of_the_wait_or_leaves_the_horizon():
+    written = forecast_status(forecast("team/a", T0 + 3600), T0)
+    assert written["startTime"] == iso(T0 + 3600) and written["waitSeconds"] == 3600
+    assert not forecast_moved(written, forecast("team/a", T0 + 3600 + 600), T0)
+    assert forecast_moved(written, forecast("team/a", T0 + 3600 + 1000), T0)
+    assert forecast_moved(written, forecast("team/a", None), T0)
+    assert forecast_moved(None, forecast("team/a", T0), T0)
+    # Close to the start a minute is the least move that counts.
+    near = forecast_status(forecast("team/a", T0 + 100), T0)
+    assert not forecast_moved(near, forecast("team/a", T0 + 150), T0)
+    assert forecast_moved(near, forecast("team/a", T0 + 170), T0)
+
+
+def test_the_forecast_rides_on_the_reason_write_and_alone_is_written_only_once_it_moved():
+    api = RecordingApi()
+    reasons = PendingReasons(api, writes_per_pass=10, refresh_seconds=60)  # type: ignore[arg-type]
+    job = queued("a")
+    by_key = {"team/a": job}
+    behind = [waiting(job, "waiting behind team/x", PendingKind.BEHIND)]
+    first = {"team/a": forecast("team/a", T0 + 3600)}
+    assert reasons.explain(behind, by_key, POLICY, T0, forecasts=first) == 1
+    assert len(api.writes) == 1  # one write: the reason and the forecast together
+    assert job["status"]["forecast"]["startTime"] == iso(T0 + 3600)
+    # Moved a little: no write; moved a lot, but within the refresh period: none yet.
+    small = {"team/a": forecast("team/a", T0 + 3700)}
+    assert reasons.explain(behind, by_key, POLICY, T0 + 100, forecasts=small) == 0
+    big = {"team/a": forecast("team/a", T0 + 9000)}
+    assert reasons.explain(behind, by_key, POLICY, T0 + 30, forecasts=big) == 0
+    assert reasons.explain(behind, by_key, POLICY, T0 + 100, forecasts=big) == 1
+    assert api.writes[-1][1] == {"forecast": forecast_status(big["team/a"], T0 + 100)}
+    assert job["status"]["forecast"]["startTime"] == iso(T0 + 9000)
+    # A forecast-only write posts no event.
+    assert api.events == []
+
+
+def test_a_queued_jobs_note_carries_the_forecast_with_no_relative_time():
+    written = forecast_status(forecast("team/a", T0 + 720, position=2, size=5), T0)
+    note = written_forecast_note(written)
+    assert note == f"forecast start {iso(T0 + 720)}; 2 of 5 in its queue"
+    assert written_forecast_note({"positionInQueue": 4, "queueLength": 4}) == (
+        "forecast: not within a week; 4 of 4 in its queue"
+    )
+    line = forecast_note(forecast("team/a", T0 + 720, 2, 5), T0)
+    assert line.startswith("forecast: starts in ~12m") and "2 of 5 in queue default" in line
+
+
+def test_gangshare_queue_lists_waiting_jobs_in_forecast_order_with_their_reasons():
+    def tj(name: str, queue: str, position: int | None, start: float | None) -> dict:
+        job = make_job(name).status(phase="Queued", queuedAt=iso(T0 - 600)).build()
+        job["spec"]["queue"] = queue
+        if position is not None:
+            job["status"]["forecast"] = {
+                **forecast_status(forecast(f"team/{name}", start, position), T0),
+                "cohort": "lab",
+                "positionInCohort": position * 2,
+            }
+        return job
+
+    jobs = [
+        tj("late", "a", 2, T0 + 7200),
+        tj("unseen", "a", None, None),
+        tj("first", "a", 1, T0 + 300),
+        tj("other", "b", 1, None),
+        make_job("running").status(phase="Running").build(),
+    ]
+    rows = queue_rows(jobs, T0, "a")
+    assert [r.name for r in rows] == ["team/first", "team/late", "team/unseen"]
+    assert [r.position for r in rows] == ["1", "2", "-"]
+    assert rows[0].forecast.startswith("in ~5m") and rows[1].forecast.startswith("in ~2h")
+    assert rows[2].forecast == "not yet forecast" and rows[0].waited == "10m"
+    assert rows[0].reason.startswith("waiting behind")
+    cohort = queue_rows(jobs, T0, "lab", cohort=True)
+    assert [r.name for r in cohort] == ["team/first", "team/other", "team/late"]
+    assert cohort[1].forecast == "not within a week"
+    table = render(rows).splitlines()
+    assert table[0].split()[:3] == ["POS", "QUEUE", "WORKLOAD"] and len(table) == 4
+    assert render([]) == "No waiting workloads."
+
+
+def test_a_jobs_first_forecast_is_written_at_once_even_after_a_recent_reason_write():
+    api = RecordingApi()
+    reasons = PendingReasons(api, writes_per_pass=10, refresh_seconds=60)  # type: ignore[arg-type]
+    job = queued("a")
+    by_key = {"team/a": job}
+    behind = [waiting(job, "waiting behind team/x", PendingKind.BEHIND)]
+    assert reasons.explain(behind, by_key, POLICY, T0) == 1  # no forecast made yet
+    assert "forecast" not in job["status"]
+    made = {"team/a": forecast("team/a", T0 + 3600)}
+    assert reasons.explain(behind, by_key, POLICY, T0 + 5, forecasts=made) == 1
+    assert job["status"]["forecast"]["startTime"] == iso(T0 + 3600)
+
+
+def test_a_costly_forecast_waits_twenty_times_its_cost_and_a_period_of_zero_turns_them_off():
+    book = ForecastBook(period_seconds=30)
+    job = waiting(queued("a"), "r", PendingKind.BEHIND).job
+    book.current, book.made_at, book.last_seconds = {}, T0, 3.0
+    assert not book.due(T0 + 59, [job])  # a job without a forecast, but 3 s x 20 not yet over
+    assert book.due(T0 + 60, [job])
+    off = ForecastBook(period_seconds=0)
+    assert not off.due(T0, [job])
