@@ -208,16 +208,7 @@ class _Replay:
                 del waiting[queued.key]
                 starts[queued.key] = begun
                 end = begun + self.run_time_of(queued)
-                live[queued.key] = RunningJob(
-                    queued.key,
-                    queued.queue,
-                    queued.gpus,
-                    admission.service_class,
-                    end,
-                    borrowed=admission.borrowed,
-                    priority=queued.priority,
-                    started_at=begun,
-                )
+                live[queued.key] = admission.running(begun, end)
                 heapq.heappush(ends, (end, queued.key))
             if not wanted - starts.keys() or not waiting:
                 break

@@ -20,6 +20,21 @@ class Admission:
     service_class: ServiceClass = ServiceClass.GUARANTEED
     borrowed: bool = False
 
+    def running(self, started_at: float, expected_end: float, evictions: int = 0) -> RunningJob:
+        """The admitted job as a running one, in the class it was admitted as."""
+        job = self.job
+        return RunningJob(
+            job.key,
+            job.queue,
+            job.gpus,
+            self.service_class,
+            expected_end,
+            borrowed=self.borrowed,
+            priority=job.priority,
+            started_at=started_at,
+            evictions=evictions,
+        )
+
 
 @dataclass(frozen=True)
 class Preemption:

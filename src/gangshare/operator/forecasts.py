@@ -96,16 +96,7 @@ class ForecastBook:
         if not self.due(now, waiting):
             return self.current
         admitted = [
-            RunningJob(
-                a.job.key,
-                a.job.queue,
-                a.job.gpus,
-                a.service_class,
-                now + (a.job.runtime_estimate or policy.default_runtime_seconds),
-                borrowed=a.borrowed,
-                priority=a.job.priority,
-                started_at=now,
-            )
+            a.running(now, now + (a.job.runtime_estimate or policy.default_runtime_seconds))
             for a in result.admitted
         ]
         return self.make(cluster, waiting, [*running, *admitted], policy, now)
@@ -141,26 +132,6 @@ def forecast_moved(written: Mapping[str, Any] | None, forecast: Forecast, now: f
         return False
     wait = max(0.0, min(before, forecast.start) - now)
     return abs(forecast.start - before) > max(MOVE_SLACK_SECONDS, MOVE_SHARE * wait)
-
-
-def forecast_note(forecast: Forecast, now: float) -> str:
-    """One line for a queued Job's or JobSet's status annotation and `gangshare queue`."""
-    where = f"{forecast.position} of {forecast.queue_size} in queue {forecast.queue}"
-    wait = forecast.wait(now)
-    if wait is None or forecast.start is None:
-        return f"forecast: not within a week; {where}"
-    return f"forecast: starts {in_words(wait)} (about {iso(forecast.start)}); {where}"
-
-
-def in_words(seconds: float) -> str:
-    """'now', 'in ~4m', 'in ~3h', 'in ~2d': a forecast is not told to the second."""
-    if seconds < 30:
-        return "now"
-    if seconds < 3600:
-        return f"in ~{max(1, round(seconds / 60))}m"
-    if seconds < 2 * 86400:
-        return f"in ~{round(seconds / 3600)}h"
-    return f"in ~{round(seconds / 86400)}d"
 
 
 def written_forecast_note(written: Mapping[str, Any]) -> str:

@@ -113,6 +113,7 @@ class PendingReasons:
         returns how many were written."""
         due: list[tuple[dict[str, Any], Pending, PendingWrite]] = []
         seen = set()
+        forecasts = forecasts or {}
         for pending in waiting:
             key = pending.job.key
             seen.add(key)
@@ -123,7 +124,7 @@ class PendingReasons:
             recent = now - self._written_at.get(key, -1e18) < self.refresh_seconds
             if write is not None and not write.transition and recent:
                 write = None
-            forecast = (forecasts or {}).get(key)
+            forecast = forecasts.get(key)
             written = (job.get("status") or {}).get("forecast")
             # On a reason write it rides free; alone, a job's first is written at once, and a
             # later one once it has moved, at most once per refresh period.

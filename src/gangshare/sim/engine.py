@@ -331,17 +331,7 @@ class Simulation(Evictions):
         # The class it runs as: Opportunistic on borrowed quota, whatever it asked for.
         cls = admission.service_class
         expected = now + (queued.runtime_estimate or self.queue_policy.default_runtime_seconds)
-        self.running[queued.key] = RunningJob(
-            queued.key,
-            queued.queue,
-            queued.gpus,
-            cls,
-            expected,
-            borrowed=admission.borrowed,
-            priority=queued.priority,
-            started_at=now,
-            evictions=job.evictions,
-        )
+        self.running[queued.key] = admission.running(now, expected, job.evictions)
         if cls is ServiceClass.GUARANTEED:
             self.usage[queued.queue] = self.usage.get(queued.queue, 0) + queued.gpus
             self.free_gpus -= queued.gpus
