@@ -6,7 +6,9 @@ side by side on the same snapshot, the pass's own `schedule_cycle` and
 `core.forecast.forecast_starts` for every queued job, for strict FIFO and for the full
 stack (priority + multi-queue + backfill + fair share). The forecast runs on a copy of the
 snapshot; the copy's time is part of it. Also prints how many cycles the replay ran and how
-many jobs it starts within the horizon.
+many jobs it starts within the horizon. Then shape advice (core/shape_advice.py) on the same
+snapshot with every multi-GPU job allowing its other shapes (w*g x 1 and, for even g,
+2w x g/2): what one round (8 replays, the operator's budget per forecast) adds to a forecast.
 
     .venv/bin/python bench/forecast.py [--jobs 5000] [--nodes 500] [--repeats 3] [--profile]
 """
@@ -19,12 +21,14 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gangshare.core.cycle import schedule_cycle
 from gangshare.core.forecast import forecast_starts
-from gangshare.core.queueing import Ordering, QueuePolicy
+from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy
+from gangshare.core.shape_advice import advise_shapes
 from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import parse_trainingjob
 from operator_cycle import workload
@@ -73,6 +77,20 @@ def main() -> None:
         print(f"  one cycle (the pass's decision)   {cycle:7.3f} s")
         print(f"  forecast of every queued job      {forecast:7.3f} s  ({forecast / cycle:.0f}x)")
         print(f"  replayed cycles {cycles}; jobs started within the horizon {started:,}")
+        flexible = [with_other_shapes(job) for job in pending]
+        advice_times, advised, tried = [], 0, 0
+        for _ in range(args.repeats):
+            snapshot = build_snapshot(node_objs, [], jobs)
+            out = forecast_starts(snapshot.cluster, flexible, snapshot.running, policy, NOW)
+            began = time.perf_counter()
+            found = advise_shapes(snapshot.cluster, flexible, snapshot.running, policy, NOW, out)
+            advice_times.append(time.perf_counter() - began)
+            advised, tried = len(found.advice), len(found.tried)
+        advising = statistics.median(advice_times)
+        print(
+            f"  shape advice, one round           {advising:7.3f} s  "
+            f"({advising / forecast:.2f}x a forecast); {tried} jobs tried, {advised} advised"
+        )
         if args.profile and policy.backfill:
             snapshot = build_snapshot(node_objs, [], jobs)
             profiler = cProfile.Profile()
@@ -80,6 +98,17 @@ def main() -> None:
             forecast_starts(snapshot.cluster, pending, snapshot.running, policy, NOW)
             profiler.disable()
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
+def with_other_shapes(job: QueuedJob) -> QueuedJob:
+    gang = job.gang
+    if gang.companions or gang.total_gpus < 2:
+        return job
+    shapes = {(gang.total_gpus, 1)}
+    if gang.gpus_per_worker % 2 == 0:
+        shapes.add((gang.workers * 2, gang.gpus_per_worker // 2))
+    shapes.discard((gang.workers, gang.gpus_per_worker))
+    return replace(job, gang=replace(gang, alternative_shapes=tuple(sorted(shapes))))
 
 
 class CountingCycle:

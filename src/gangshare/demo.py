@@ -87,7 +87,9 @@ def status_table(jobs: list[dict[str, Any]]) -> str:
         if where and status.get("borrowed"):
             where = f"borrowed: {where}"
         wait = status.get("queueWaitSeconds")
-        gang = f"{spec['workers']}x{spec['gpusPerWorker']}"
+        # The shape it runs in: spec.reshape: Admit may have taken another allowed one.
+        shape = status.get("reshapedTo") or spec
+        gang = f"{shape['workers']}x{shape['gpusPerWorker']}"
         # The class it was admitted as: beyond its queue's quota a job runs Opportunistic.
         service_class = status.get("serviceClass") or spec.get("serviceClass", "Guaranteed")
         lines.append(

@@ -509,6 +509,7 @@ def test_values_become_operator_arguments_the_cli_accepts(helm: Helm, tmp_path: 
         "--scheduler-name=gangshare-scheduler",
         "--ordering=ShortestFirst",
         "--cycle-interval=0.5",
+        "--forecast-period=30",
         "--backfill",
         "--fair-share",
         "--small-job-max-gpus=2",

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "src" / "gangshare"
-SUBCOMMANDS = ("plan", "simulate", "dev", "operator", "extender", "agent", "demo")
+SUBCOMMANDS = ("plan", "queue", "simulate", "dev", "operator", "extender", "agent", "demo")
 COMPONENTS = (
     "gangshare.operator.main",
     "gangshare.extender.main",

@@ -37,6 +37,7 @@ def test_every_example_applies_with_kubectl(crd: Kube, namespace: str):
         "GPUS/WORKER",
         "PHASE",
         "RESTARTS",
+        "FORECAST",
         "AGE",
     ]
     assert any(
@@ -50,6 +51,11 @@ def test_every_example_applies_with_kubectl(crd: Kube, namespace: str):
         ({"workers": 0}, "spec.workers"),
         ({"gpusPerWorker": 100}, "spec.gpusPerWorker"),
         ({"gpuMemory": "8Gi"}, "spec.gpuMemory: only Opportunistic jobs set gpuMemory"),
+        (
+            {"gpusPerWorker": 8, "shapes": [{"workers": 3, "gpusPerWorker": 2}]},
+            "spec.shapes: every shape must hold the same GPUs",
+        ),
+        ({"shapes": [{"workers": 1, "gpusPerWorker": 1}], "reshape": "Always"}, "spec.reshape"),
         ({"serviceClass": "Gold"}, "spec.serviceClass"),
         (
             {"topology": {"policy": "None", "relaxAfterSeconds": 5}},

@@ -66,3 +66,14 @@ def test_the_demo_queues_the_sample_job_beside_the_trainingjobs_and_shows_it_by_
     shown["status"] = {"phase": "Queued", "message": "waiting for 2x4 GPUs in queue vision"}
     row = status_table([shown]).splitlines()[1]
     assert row.startswith("Job/vit-sweep") and "2x4" in row and "Queued" in row
+
+
+def test_the_demo_table_shows_a_reshaped_job_in_the_shape_it_runs_in():
+    from gangshare.demo import demo_jobs, status_table
+    from gangshare.dev.binaries import repo_root
+
+    jobs = demo_jobs(repo_root() / "examples" / "trainingjobs", burst=0, run_seconds=2)
+    (flexible,) = [j for j in jobs if j["metadata"]["name"] == "bert-flexible-shape"]
+    assert "1x8" in status_table([flexible]).splitlines()[1]
+    flexible["status"] = {"phase": "Running", "reshapedTo": {"workers": 2, "gpusPerWorker": 4}}
+    assert "2x4" in status_table([flexible]).splitlines()[1]

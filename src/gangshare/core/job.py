@@ -141,12 +141,23 @@ class GangRequest:
     companions: tuple[PodSet, ...] = ()
     # What the workers' pod set is called (a replica group's or replicated job's name).
     worker_set: str = "workers"
+    # Other (workers, GPUs per worker) its author allows, the same GPUs in all: what shape
+    # advice (core/shape_advice.py) may propose.
+    alternative_shapes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers: must be at least 1, got {self.workers}")
         if self.gpus_per_worker < 1:
             raise ValueError(f"gpusPerWorker: must be at least 1, got {self.gpus_per_worker}")
+        for workers, gpus in self.alternative_shapes:
+            if workers < 1 or gpus < 1 or workers * gpus != self.workers * self.gpus_per_worker:
+                raise ValueError(
+                    f"shapes: {workers}x{gpus} must hold the same "
+                    f"{self.workers * self.gpus_per_worker} GPUs as the workers"
+                )
+        if self.alternative_shapes and self.companions:
+            raise ValueError("shapes: a gang with other pod sets has one shape")
 
     @property
     def total_gpus(self) -> int:

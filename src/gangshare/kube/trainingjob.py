@@ -24,6 +24,7 @@ from gangshare.core.job import (
 from gangshare.core.queueing import PodPriority, QueuedJob
 from gangshare.kube.quantity import QuantityError, to_mib
 from gangshare.kube.scheduling import pod_constraints
+from gangshare.kube.shapes import ShapeError, Shapes, parse_shapes
 from gangshare.kube.template_checks import InvalidSpec as InvalidSpec
 from gangshare.kube.template_checks import check_template, checkpoint_path
 
@@ -107,6 +108,9 @@ class TrainingJobSpec:
     job_ref: JobRef | None = None
     # spec.replicaGroups: the gang's other pods, ranked after the workers in this order.
     groups: tuple[ReplicaGroup, ...] = ()
+    # spec.shapes still open to shape advice, whether spec.reshape lets the operator take
+    # one, and whether it has (workers and gpus_per_worker are then status.reshapedTo's).
+    shapes: Shapes = field(default_factory=lambda: Shapes(0, 0))
 
     @property
     def key(self) -> str:
@@ -168,6 +172,7 @@ class TrainingJobSpec:
                 PodSet(g.name, g.replicas, g.gpus, g.constraints) for g in self.groups
             ),
             worker_set="worker",
+            alternative_shapes=self.shapes.alternatives,
         )
 
     def queued(
@@ -252,6 +257,11 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
     if not isinstance(tolerance, int | float) or not 0 <= tolerance <= 1:
         raise InvalidSpec(f"spec.slowdownTolerance: must be between 0 and 1, got {tolerance!r}")
     estimate = _int(spec, "runtimeEstimateSeconds", None, 1, 31536000)
+    own = _int(spec, "gpusPerWorker", None, 1, 64) or _missing("spec.gpusPerWorker")
+    try:
+        shapes = parse_shapes(spec, obj.get("status") or {}, workers, own)
+    except ShapeError as err:
+        raise InvalidSpec(str(err)) from None
     return TrainingJobSpec(
         namespace=str(meta.get("namespace", "")),
         name=name,
@@ -260,8 +270,8 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         service_class=service_class,
         queue=str(spec.get("queue", "default")),
         priority=_int(spec, "priority", 0, -1000000, 1000000) or 0,
-        workers=workers,
-        gpus_per_worker=_int(spec, "gpusPerWorker", None, 1, 64) or _missing("spec.gpusPerWorker"),
+        workers=shapes.workers,
+        gpus_per_worker=shapes.gpus_per_worker,
         gpu_memory_mib=memory,
         gpu_model=spec.get("gpuModel") or None,
         topology=topology,
@@ -274,6 +284,7 @@ def parse_trainingjob(obj: dict[str, Any]) -> TrainingJobSpec:
         checkpoint_path=checkpoint_path(spec.get("checkpoint"), template["spec"]),
         job_ref=_job_ref(spec.get("jobRef")),
         groups=groups,
+        shapes=shapes,
     )
 
 

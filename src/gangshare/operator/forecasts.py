@@ -25,6 +25,7 @@ from gangshare.core.cluster import Cluster
 from gangshare.core.cycle import CycleResult
 from gangshare.core.forecast import Forecast, ForecastSettings, forecast_starts
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
+from gangshare.core.shape_advice import ShapeAdvice, advise_shapes
 from gangshare.kube.snapshot import parse_time
 from gangshare.operator.conditions import iso
 
@@ -44,10 +45,13 @@ class ForecastBook:
     settings: ForecastSettings = field(default_factory=ForecastSettings)
     period_seconds: float = PERIOD_SECONDS
     current: dict[str, Forecast] = field(default_factory=dict)
+    # Shape advice made with the last forecast, for the jobs whose authors allow other shapes.
+    advice: dict[str, ShapeAdvice] = field(default_factory=dict)
     made_at: float | None = None
     # Wall seconds the last forecast took (the operator's metrics report it).
     last_seconds: float = 0.0
     _backlog: int = 0
+    _advised_last: str | None = None
 
     def due(self, now: float, waiting: Sequence[QueuedJob]) -> bool:
         if not waiting or self.period_seconds <= 0:
@@ -74,10 +78,37 @@ class ForecastBook:
     ) -> dict[str, Forecast]:
         began = time.perf_counter()
         self.current = forecast_starts(cluster, waiting, running, policy, now, self.settings)
+        self._advise(cluster, waiting, running, policy, now)
         self.last_seconds = time.perf_counter() - began
         self.made_at = now
         self._backlog = len(waiting)
         return self.current
+
+    def _advise(
+        self,
+        cluster: Cluster,
+        waiting: Sequence[QueuedJob],
+        running: Sequence[RunningJob],
+        policy: QueuePolicy,
+        now: float,
+    ) -> None:
+        """A round of shape advice, going on where the last stopped; advice for jobs that
+        still wait and were not tried this round stands until their turn."""
+        found = advise_shapes(
+            cluster,
+            waiting,
+            running,
+            policy,
+            now,
+            self.current,
+            self.settings,
+            after=self._advised_last,
+        )
+        still = {job.key for job in waiting} - set(found.tried)
+        kept = {key: told for key, told in self.advice.items() if key in still}
+        self.advice = {**kept, **found.advice}
+        if found.tried:
+            self._advised_last = found.tried[-1]
 
     def of(self, key: str) -> Forecast | None:
         return self.current.get(key)
@@ -102,9 +133,11 @@ class ForecastBook:
         return self.make(cluster, waiting, [*running, *admitted], policy, now)
 
 
-def forecast_status(forecast: Forecast, now: float) -> dict[str, Any]:
-    """status.forecast for a job (None fields left out: a merge patch would write nulls as
-    deletions, which is what a start that left the horizon needs)."""
+def forecast_status(
+    forecast: Forecast, now: float, advice: ShapeAdvice | None = None
+) -> dict[str, Any]:
+    """status.forecast for a job (None fields kept: a merge patch writes nulls as deletions,
+    which is what a start that left the horizon, or advice that no longer holds, needs)."""
     wait = forecast.wait(now)
     out: dict[str, Any] = {
         "startTime": iso(forecast.start) if forecast.start is not None else None,
@@ -117,8 +150,28 @@ def forecast_status(forecast: Forecast, now: float) -> dict[str, Any]:
         "positionInCohort": forecast.cohort_position,
         "blockedBy": forecast.blocked_by,
         "madeAt": iso(now),
+        "advice": advice_status(advice, now) if advice is not None else None,
     }
     return out
+
+
+def advice_status(advice: ShapeAdvice, now: float) -> dict[str, Any]:
+    return {
+        "workers": advice.workers,
+        "gpusPerWorker": advice.gpus_per_worker,
+        "startTime": iso(advice.start),
+        "message": advice.message(now),
+    }
+
+
+def advice_is_news(written: Mapping[str, Any] | None, advice: ShapeAdvice | None) -> bool:
+    """Whether status.forecast.advice lacks this advice (or names another shape, or advice
+    that no longer holds)."""
+    before = (written or {}).get("advice") or None
+    if advice is None:
+        return before is not None
+    shape = (advice.workers, advice.gpus_per_worker)
+    return before is None or (before.get("workers"), before.get("gpusPerWorker")) != shape
 
 
 def forecast_moved(written: Mapping[str, Any] | None, forecast: Forecast, now: float) -> bool:

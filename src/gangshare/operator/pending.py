@@ -22,8 +22,9 @@ from typing import Any
 from gangshare.core.cycle import Pending, PendingKind
 from gangshare.core.forecast import Forecast
 from gangshare.core.queueing import QueuePolicy
+from gangshare.core.shape_advice import ShapeAdvice
 from gangshare.operator.conditions import condition, set_condition
-from gangshare.operator.forecasts import forecast_moved, forecast_status
+from gangshare.operator.forecasts import advice_is_news, forecast_moved, forecast_status
 from gangshare.operator.kubeapi import Conflict, KubeApi
 
 WRITES_PER_PASS = 200
@@ -34,6 +35,23 @@ REFRESH_SECONDS = 60.0
 class PendingWrite:
     status: dict[str, Any]
     transition: bool  # a new condition reason (an event is posted); else the text alone moved
+    # Shape advice new to status.forecast (a ShapeAdvised event, or Reshaped when taken).
+    advice: ShapeAdvice | None = None
+
+
+def detect_reshape(job: Mapping[str, Any], advice: ShapeAdvice) -> dict[str, int] | None:
+    """status.reshapedTo when the author lets admission take the advice (spec.reshape: Admit,
+    the shape among spec.shapes) and the job has not changed shape yet."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    if spec.get("reshape") != "Admit" or status.get("reshapedTo"):
+        return None
+    shape = {"workers": advice.workers, "gpusPerWorker": advice.gpus_per_worker}
+    allowed = [
+        {"workers": s.get("workers"), "gpusPerWorker": s.get("gpusPerWorker")}
+        for s in spec.get("shapes") or []
+        if isinstance(s, dict)
+    ]
+    return shape if shape in allowed else None
 
 
 def inadmissible_why(waiting: Pending, policy: QueuePolicy) -> str | None:
@@ -107,13 +125,14 @@ class PendingReasons:
         now: float,
         pool: Executor | None = None,
         forecasts: Mapping[str, Forecast] | None = None,
+        advice: Mapping[str, ShapeAdvice] | None = None,
     ) -> int:
         """Write the reasons due this pass (side by side on `pool`, when given: each is an
         API round trip), each with the job's forecast when it has moved (operator/forecasts.py);
         returns how many were written."""
         due: list[tuple[dict[str, Any], Pending, PendingWrite]] = []
         seen = set()
-        forecasts = forecasts or {}
+        forecasts, advice = forecasts or {}, advice or {}
         for pending in waiting:
             key = pending.job.key
             seen.add(key)
@@ -126,16 +145,22 @@ class PendingReasons:
                 write = None
             forecast = forecasts.get(key)
             written = (job.get("status") or {}).get("forecast")
-            # On a reason write it rides free; alone, a job's first is written at once, and a
-            # later one once it has moved, at most once per refresh period.
+            told = advice.get(key) if forecast is not None else None
+            news = forecast is not None and advice_is_news(written, told)
+            # On a reason write it rides free; alone, a job's first is written at once, new
+            # shape advice too, and a later one once it has moved, at most once per refresh.
             if forecast is not None and (
                 write is not None
                 or not written
+                or news
                 or (not recent and forecast_moved(written, forecast, now))
             ):
                 base = write or PendingWrite({}, transition=False)
-                status = {**base.status, "forecast": forecast_status(forecast, now)}
-                write = PendingWrite(status, base.transition)
+                status = {**base.status, "forecast": forecast_status(forecast, now, told)}
+                reshape = detect_reshape(job, told) if told is not None else None
+                if reshape is not None:
+                    status["reshapedTo"] = reshape
+                write = PendingWrite(status, base.transition, told if news else None)
             if write is None:
                 continue
             due.append((job, pending, write))
@@ -152,14 +177,23 @@ class PendingReasons:
 
     def _write(
         self, job: dict[str, Any], waiting: Pending, write: PendingWrite
-    ) -> tuple[bool, bool]:
-        """Whether the status was written, and whether an event was posted."""
+    ) -> tuple[bool, int]:
+        """Whether the status was written, and how many events were posted."""
         try:
             self.api.patch_job_status(job, write.status)
         except Conflict:
-            return False, False
+            return False, 0
+        posted = 0
         if write.transition and waiting.kind is not PendingKind.BEHIND:
             kind = "Warning" if waiting.kind is PendingKind.INADMISSIBLE else "Normal"
             self.api.post_event(job, kind, waiting.kind.value, waiting.reason, action="Schedule")
-            return True, True
-        return True, False
+            posted += 1
+        if write.advice is not None:
+            advice = write.status["forecast"]["advice"]["message"]
+            if "reshapedTo" in write.status:
+                message = f"took shape {write.advice.shape} (spec.reshape: Admit): {advice}"
+                self.api.post_event(job, "Normal", "Reshaped", message, action="Schedule")
+            else:
+                self.api.post_event(job, "Normal", "ShapeAdvised", advice, action="Schedule")
+            posted += 1
+        return True, posted
