@@ -76,6 +76,19 @@ def test_a_job_that_competes_for_the_heads_nodes_is_still_refused():
     assert cluster.node("a100").free_guaranteed == 4
 
 
+def test_a_backlog_pinned_to_a_busy_model_holds_one_reservation_not_one_a_job():
+    # Short A100 jobs end before the head's reservation, so each passes backfill, finds no
+    # A100 free and reserves: the same GPUs at the same time, already refused by the first.
+    cluster, running = _a100_busy_for_ten_hours()
+    pinned = [_job(f"a{i}", 8, at=1 + i, runtime=60.0, model=A100) for i in range(50)]
+    result = schedule_cycle(
+        cluster, [*pinned, _job("any", 8, 99, HOUR)], running, QueuePolicy(backfill=True), 10
+    )
+    assert [(r.head, r.start, r.extra) for r in result.reservations] == [("a0", 10 * HOUR, 0)]
+    assert [a.job.key for a in result.admitted] == ["any"]
+    assert len(result.pending) == 50
+
+
 # ----- property: mixed-model clusters -----------------------------------------------------------
 
 MODELS = (A100, H100)

@@ -125,6 +125,18 @@ def _quota_refusal(
     return None
 
 
+def dominated(reservations: Sequence[Reservation], new: Reservation) -> bool:
+    """Whether a reservation on the same nodes, no later and with no more to spare, already
+    refuses every job `new` (a GPU reservation, no quota) would, first in the list as it is,
+    and stays so: a job held beside both counts against the earlier one whenever against the
+    later. Many blocked jobs of one GPU model each reserved the same GPUs, and every later
+    job was judged against all of them (#39: a backlog pinned to a rare model)."""
+    return any(
+        old.nodes == new.nodes and old.start <= new.start and old.extra <= new.extra
+        for old in reservations
+    )
+
+
 def hold_all(
     reservations: Sequence[Reservation], queue: str, placed: Mapping[str, int], ends: float
 ) -> None:

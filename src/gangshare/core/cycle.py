@@ -25,6 +25,7 @@ from gangshare.core.backfill import (
     BackfillRefusal,
     Reservation,
     backfill_refusal,
+    dominated,
     free_at,
     gpus_free_from,
     hold_all,
@@ -406,4 +407,6 @@ class _Cycle:
             return
         reservation.extra = max(0, free_at(free, endings, reservation.start) - head.gpus)
         reservation.until = reservation.start + self._estimate(head)
+        if reservation.queue is None and dominated(self.result.reservations, reservation):
+            return
         self.result.reservations.append(reservation)

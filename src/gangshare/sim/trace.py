@@ -14,7 +14,8 @@ The format is recognised from the header:
 - Generic: submit_time, duration, num_gpus (seconds, seconds, GPUs), and
   optionally job_id, queue, service_class (Guaranteed | Opportunistic),
   priority (integer, higher first), gpu_memory_mib, checkpoint_interval (seconds of
-  a run between two checkpoints: what an eviction may lose; 0: no loss).
+  a run between two checkpoints: what an eviction may lose; 0: no loss), gpu_spec (the
+  GPU models it may run on, as Alibaba's).
 
 Every error names the flag, the line and the field, e.g.
 `--trace: line 12: duration: must be a positive number, got 'x'`; a header that fits
@@ -313,6 +314,7 @@ def _generic(rows: Iterator[tuple[int, Mapping[str, str]]], source: str) -> Trac
                 checkpoint_interval=(
                     _number(row, line, "checkpoint_interval") if checkpoint else None
                 ),
+                gpu_models=gpu_models(optional(row, "gpu_spec")),
             )
         )
     return Trace("generic", source, _sorted(jobs))

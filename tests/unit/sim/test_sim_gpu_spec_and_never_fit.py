@@ -63,6 +63,10 @@ def test_gpu_spec_is_read_as_the_set_of_models_a_pod_accepts(tmp_path):
         "name,num_gpu,gpu_milli,qos,creation_time,scheduled_time,deletion_time\np,1,1000,LS,0,0,9\n"
     )
     assert load_trace(write(tmp_path, "bare.csv", bare)).jobs[0].gpu_models == ()
+    # A generic trace takes the same column (bench/gpu_models.py writes one).
+    generic = "submit_time,duration,num_gpus,gpu_spec\n0,60,1,H100\n1,60,2,\n2,60,1,A10|H100\n"
+    jobs = load_trace(write(tmp_path, "generic.csv", generic)).jobs
+    assert [j.gpu_models for j in jobs] == [("H100",), (), ("A10", "H100")]
 
 
 def test_one_model_pins_like_gpu_model_and_several_become_node_affinity():
