@@ -32,10 +32,9 @@ from gangshare.operator.conditions import iso
 PERIOD_SECONDS = 30.0
 MIN_GAP_SECONDS = 5.0
 # A forecast waits at least this many times what the last one took: at 5,000 queued jobs one
-# takes seconds (bench/forecast.py), and forecasting must not slow admissions down. At 20,
-# bench/scale.py's 4,000 jobs ran at 0.95x and 0.97x the jobs/s without forecasts (the
-# operator spends up to 1/COST_FACTOR of its time on them, on 2 cores beside the API server).
-COST_FACTOR = 50.0
+# takes seconds (bench/forecast.py), and forecasting must not slow admissions down. (50 was
+# tried: bench/scale.py's admissions were no faster, and py-spy found no forecast in them.)
+COST_FACTOR = 20.0
 # A backlog that grew or shrank by this share since the last forecast is a large change.
 LARGE_CHANGE = 0.1
 MOVE_SHARE = 0.25
