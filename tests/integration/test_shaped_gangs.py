@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from test_no_stuck_gangs import reasons_of
 
 from kube import Kube, NodePool, OperatorProcess, eventually
@@ -94,5 +95,12 @@ def test_a_gang_is_advised_a_shape_that_starts_now_and_with_the_opt_in_runs_in_i
         assert placed == {
             (int(p.metadata.labels["gangshare.io/rank"]), p.spec.node_name) for p in pods
         }
+        # Its workers ran as 2x4 by the opt-in: once admitted, the author cannot take it back.
+        with pytest.raises(ApiException) as refused:
+            crd.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, "taken", {"spec": {"reshape": "Advise"}}
+            )
+        assert refused.value.status == 422
+        assert "spec.shapes and spec.reshape are immutable" in refused.value.body
     finally:
         operator.stop()

@@ -143,7 +143,10 @@ class PendingReasons:
             recent = now - self._written_at.get(key, -1e18) < self.refresh_seconds
             if write is not None and not write.transition and recent:
                 write = None
-            forecast = forecasts.get(key)
+            # A job that cannot be admitted as it stands has no start to forecast: its reason
+            # says what to change.
+            inadmissible = pending.kind is PendingKind.INADMISSIBLE
+            forecast = None if inadmissible else forecasts.get(key)
             written = (job.get("status") or {}).get("forecast")
             told = advice.get(key) if forecast is not None else None
             news = forecast is not None and advice_is_news(written, told)

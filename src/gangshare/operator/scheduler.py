@@ -20,7 +20,7 @@ from typing import Any
 from gangshare.core.annotations import JOB_LABEL
 from gangshare.core.clock import Clock
 from gangshare.core.cluster import Cluster
-from gangshare.core.cycle import Admission, CycleResult, schedule_cycle
+from gangshare.core.cycle import Admission, CycleResult, PendingKind, schedule_cycle
 from gangshare.core.forecast import Forecast
 from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import QueuePolicy, RunningJob
@@ -237,7 +237,7 @@ class SchedulerLoop:
                 len([f for f in forecasts.values() if f.start is not None]),
             )
         # Of the jobs still waiting: the last forecast may name some admitted since.
-        waiting = {p.job.key for p in result.pending}
+        waiting = {p.job.key for p in result.pending if p.kind is not PendingKind.INADMISSIBLE}
         self.metrics.set_forecasts([f for k, f in forecasts.items() if k in waiting], now)
         return forecasts
 

@@ -158,3 +158,15 @@ def test_a_costly_forecast_waits_twenty_times_its_cost_and_a_period_of_zero_turn
     assert book.due(T0 + 60, [job])
     off = ForecastBook(period_seconds=0)
     assert not off.due(T0, [job])
+
+
+def test_a_job_that_cannot_be_admitted_as_it_stands_gets_no_forecast():
+    api = RecordingApi()
+    reasons = PendingReasons(api, writes_per_pass=10, refresh_seconds=60)  # type: ignore[arg-type]
+    job = queued("a")
+    lost = [waiting(job, "queue nope does not exist (spec.queue)", PendingKind.INADMISSIBLE)]
+    made = {"team/a": forecast("team/a", None)}
+    assert reasons.explain(lost, {"team/a": job}, POLICY, T0, forecasts=made) == 1
+    assert job["status"]["message"] == "queue nope does not exist (spec.queue)"
+    assert "forecast" not in job["status"]
+    assert reasons.explain(lost, {"team/a": job}, POLICY, T0 + 120, forecasts=made) == 0
