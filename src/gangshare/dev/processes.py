@@ -35,23 +35,32 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now, outside the ephemeral range.
+    """A loopback port nobody listens on right now, outside the ephemeral range,
+    and never one this process handed out before.
 
     A port from the ephemeral range can be taken by any outgoing connection (the
     API server's to etcd, a client's) between this pick and the component's bind;
-    that failed a second `dev up` in CI with EADDRINUSE.
+    that failed a second `dev up` in CI with EADDRINUSE. Ports picked together are
+    bound only later, so two random picks could coincide; CI once gave the extender
+    the same port for serving and metrics.
     """
     low, high = _ephemeral_range()
     ranges = [r for r in ((10000, low - 1), (high + 1, 65535)) if r[1] - r[0] > 1000]
     for _ in range(200):
         first, last = random.choice(ranges) if ranges else (1024, 65535)
         port = random.randint(first, last)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise OSError("no free loopback port outside the ephemeral range")
 
