@@ -4,8 +4,9 @@ A forecast (core/forecast.py) replays the pass's own snapshot forward through th
 is made every PERIOD_SECONDS, sooner (but not within MIN_GAP_SECONDS) when the backlog
 changed a lot since the last one or a waiting job has none yet, so that a job's first
 pending-reason write mostly carries its forecast; never sooner than COST_FACTOR times what
-the last one took. The forecast runs in the pass, after its admissions are decided and
-before its reason writes.
+the last one took. The operator makes it beside the pass, in a worker process at the
+lowest CPU priority (operator/forecast_worker.py), on the snapshot as the pass's admissions
+left it; the first pass after it is ready writes it with its reasons.
 
 A forecast is written into status.forecast only when it moved by more than MOVE_SHARE of
 the wait (or MOVE_SLACK_SECONDS): a start three hours out that slips five minutes is not
@@ -16,18 +17,18 @@ per-pass budget and per-job refresh limit (operator/pending.py).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gangshare.core.cluster import Cluster
 from gangshare.core.cycle import CycleResult
-from gangshare.core.forecast import Forecast, ForecastSettings, forecast_starts
+from gangshare.core.forecast import Forecast, ForecastSettings
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
-from gangshare.core.shape_advice import ShapeAdvice, advise_shapes
+from gangshare.core.shape_advice import ShapeAdvice
 from gangshare.kube.snapshot import parse_time
 from gangshare.operator.conditions import iso
+from gangshare.operator.forecast_worker import ForecastRound, ForecastWorker, forecast_round
 
 PERIOD_SECONDS = 30.0
 MIN_GAP_SECONDS = 5.0
@@ -48,9 +49,14 @@ class ForecastBook:
     current: dict[str, Forecast] = field(default_factory=dict)
     # Shape advice made with the last forecast, for the jobs whose authors allow other shapes.
     advice: dict[str, ShapeAdvice] = field(default_factory=dict)
+    # When the last forecast was asked for (a worker's round is made as of that time).
     made_at: float | None = None
-    # Wall seconds the last forecast took (the operator's metrics report it).
+    # Wall seconds the last forecast took (the operator's metrics report it), and how many
+    # rounds were taken (the pass observes the metric once a new one is in).
     last_seconds: float = 0.0
+    rounds: int = 0
+    # Where rounds are made beside the pass (the operator); None: in the pass.
+    worker: ForecastWorker | None = None
     _backlog: int = 0
     _advised_last: str | None = None
 
@@ -77,39 +83,27 @@ class ForecastBook:
         policy: QueuePolicy,
         now: float,
     ) -> dict[str, Forecast]:
-        began = time.perf_counter()
-        self.current = forecast_starts(cluster, waiting, running, policy, now, self.settings)
-        self._advise(cluster, waiting, running, policy, now)
-        self.last_seconds = time.perf_counter() - began
+        """A forecast made here and now (the simulator's probes, tests; the operator hands
+        its rounds to a worker process instead)."""
         self.made_at = now
         self._backlog = len(waiting)
-        return self.current
-
-    def _advise(
-        self,
-        cluster: Cluster,
-        waiting: Sequence[QueuedJob],
-        running: Sequence[RunningJob],
-        policy: QueuePolicy,
-        now: float,
-    ) -> None:
-        """A round of shape advice, going on where the last stopped; advice for jobs that
-        still wait and were not tried this round stands until their turn."""
-        found = advise_shapes(
-            cluster,
-            waiting,
-            running,
-            policy,
-            now,
-            self.current,
-            self.settings,
-            after=self._advised_last,
+        made = forecast_round(
+            cluster, waiting, running, policy, now, self.settings, self._advised_last
         )
-        still = {job.key for job in waiting} - set(found.tried)
+        return self.apply(made)
+
+    def apply(self, made: ForecastRound) -> dict[str, Forecast]:
+        """Take a finished round: its forecasts, and its advice merged with the advice still
+        standing for the jobs it did not try (a round goes on where the last stopped)."""
+        self.current = made.forecasts
+        self.last_seconds = made.seconds
+        still = made.waiting - set(made.advice.tried)
         kept = {key: told for key, told in self.advice.items() if key in still}
-        self.advice = {**kept, **found.advice}
-        if found.tried:
-            self._advised_last = found.tried[-1]
+        self.advice = {**kept, **made.advice.advice}
+        if made.advice.tried:
+            self._advised_last = made.advice.tried[-1]
+        self.rounds += 1
+        return self.current
 
     def of(self, key: str) -> Forecast | None:
         return self.current.get(key)
@@ -124,6 +118,12 @@ class ForecastBook:
     ) -> dict[str, Forecast]:
         """The forecasts of the jobs the pass's cycle left waiting, made afresh when due, on
         the cluster as the cycle left it (its admissions applied, and running from now)."""
+        if self.worker is not None:
+            made = self.worker.take()
+            if made is not None:
+                self.apply(made)
+            if self.worker.busy:
+                return self.current
         waiting = [p.job for p in result.pending]
         if not self.due(now, waiting):
             return self.current
@@ -131,7 +131,20 @@ class ForecastBook:
             a.running(now, now + (a.job.runtime_estimate or policy.default_runtime_seconds))
             for a in result.admitted
         ]
-        return self.make(cluster, waiting, [*running, *admitted], policy, now)
+        if self.worker is None:
+            return self.make(cluster, waiting, [*running, *admitted], policy, now)
+        self.made_at = now
+        self._backlog = len(waiting)
+        self.worker.submit(
+            cluster,
+            waiting,
+            [*running, *admitted],
+            policy,
+            now,
+            self.settings,
+            self._advised_last,
+        )
+        return self.current
 
 
 def forecast_status(

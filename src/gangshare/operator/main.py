@@ -277,6 +277,7 @@ def run_operator(args: argparse.Namespace) -> int:
         informers=informers,
     )
     loop.forecasts.period_seconds = args.forecast_period
+    loop.forecast_beside_the_pass()
     informers.listen_to_pods(pod_listener(reconciler, loop, leading))
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)
     thread.start()

@@ -32,6 +32,7 @@ from gangshare.kube.snapshot import build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
 from gangshare.operator.conditions import iso, set_condition
+from gangshare.operator.forecast_worker import ForecastWorker
 from gangshare.operator.forecasts import ForecastBook
 from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import Conflict, KubeApi, LeadershipLost
@@ -117,7 +118,14 @@ class SchedulerLoop:
     def poke(self) -> None:
         self._wake.set()
 
+    def forecast_beside_the_pass(self) -> None:
+        """Make forecasts in a worker process (operator/forecast_worker.py), a pass woken
+        to write each once it is ready."""
+        self.forecasts.worker = ForecastWorker(on_ready=self.poke)
+
     def stop(self) -> None:
+        if self.forecasts.worker is not None:
+            self.forecasts.worker.stop()
         self._stop.set()
         self._wake.set()
 
@@ -222,13 +230,13 @@ class SchedulerLoop:
     ) -> dict[str, Forecast]:
         """Start-time forecasts of the jobs left waiting (operator/forecasts.py); a forecast
         that fails leaves the last one standing: it is a report, not a decision."""
-        made = self.forecasts.made_at
+        rounds = self.forecasts.rounds
         try:
             forecasts = self.forecasts.after_cycle(cluster, result, running, policy, now)
         except Exception:
             log.exception("start-time forecast failed; keeping the last one")
             return self.forecasts.current
-        if self.forecasts.made_at != made:
+        if self.forecasts.rounds != rounds:
             self.metrics.forecast.observe(self.forecasts.last_seconds)
             log.debug(
                 "forecast of %d waiting jobs in %.3fs: %d start within the horizon",
