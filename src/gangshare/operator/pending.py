@@ -23,6 +23,7 @@ from gangshare.core.cycle import Pending, PendingKind
 from gangshare.core.forecast import Forecast
 from gangshare.core.queueing import QueuePolicy
 from gangshare.core.shape_advice import ShapeAdvice
+from gangshare.kube.shapes import parse_shapes
 from gangshare.operator.conditions import condition, set_condition
 from gangshare.operator.forecasts import advice_is_news, forecast_moved, forecast_status
 from gangshare.operator.kubeapi import Conflict, KubeApi
@@ -43,15 +44,14 @@ def detect_reshape(job: Mapping[str, Any], advice: ShapeAdvice) -> dict[str, int
     """status.reshapedTo when the author lets admission take the advice (spec.reshape: Admit,
     the shape among spec.shapes) and the job has not changed shape yet."""
     spec, status = job.get("spec") or {}, job.get("status") or {}
-    if spec.get("reshape") != "Admit" or status.get("reshapedTo"):
+    try:
+        shapes = parse_shapes(spec, status, int(spec["workers"]), int(spec["gpusPerWorker"]))
+    except (KeyError, TypeError, ValueError):  # ShapeError is a ValueError
         return None
-    shape = {"workers": advice.workers, "gpusPerWorker": advice.gpus_per_worker}
-    allowed = [
-        {"workers": s.get("workers"), "gpusPerWorker": s.get("gpusPerWorker")}
-        for s in spec.get("shapes") or []
-        if isinstance(s, dict)
-    ]
-    return shape if shape in allowed else None
+    shape = (advice.workers, advice.gpus_per_worker)
+    if not shapes.admit or shapes.reshaped or shape not in shapes.alternatives:
+        return None
+    return {"workers": shape[0], "gpusPerWorker": shape[1]}
 
 
 def inadmissible_why(waiting: Pending, policy: QueuePolicy) -> str | None:

@@ -14,7 +14,7 @@ from gangshare.core.cycle import PendingKind
 from gangshare.core.queueing import QueuePolicy
 from gangshare.core.shape_advice import ShapeAdvice
 from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
-from gangshare.operator.pending import PendingReasons
+from gangshare.operator.pending import PendingReasons, detect_reshape
 
 POLICY = QueuePolicy()
 HOUR_3 = 3 * 3600.0
@@ -99,6 +99,19 @@ def test_a_forged_or_stale_reshaped_to_grants_nothing():
     job = wide_job("Advise")
     explain(reasons, job, T0, ADVICE)
     assert "reshapedTo" not in job["status"]
+
+
+def test_admission_takes_only_an_allowed_shape_and_only_once():
+    allowed = ShapeAdvice("team/a", 2, 4, T0 + 240, T0 + HOUR_3)
+    assert detect_reshape(wide_job("Admit"), allowed) == {"workers": 2, "gpusPerWorker": 4}
+    # Advice naming a shape the author did not list (a stale round, a bug) is not taken.
+    assert detect_reshape(wide_job("Admit"), ShapeAdvice("team/a", 4, 2, T0, T0 + 9)) is None
+    taken = wide_job("Admit", reshapedTo={"workers": 8, "gpusPerWorker": 1})
+    assert detect_reshape(taken, allowed) is None  # it changed shape already
+    assert detect_reshape(wide_job("Advise"), allowed) is None
+    broken = wide_job("Admit")
+    broken["spec"]["shapes"] = [{"workers": 2, "gpusPerWorker": "four"}]
+    assert detect_reshape(broken, allowed) is None  # the schema refuses it; never a traceback
 
 
 @pytest.mark.parametrize(
