@@ -144,16 +144,16 @@ def enqueue(
             status.get("conditions"), "Admitted", False, "Queued", message, now, gen
         ),
     }
+    # A job's first queueing posts no event: its phase, its Admitted condition and
+    # status.message say it, and an event a job is an API request (#39: events only where a
+    # person needs the why). Queued again, it is told why.
     if first:
         patch.update({"attempt": 0, "restarts": 0, "userFailures": 0})
-        event = Event(
-            "Normal", "Queued", f"{spec.service_class} job queued in {spec.queue}: {message}"
-        )
-    else:
-        patch["nextRetryAt"] = None
-        event = Event(
-            "Normal", "Requeued", f"attempt {status.get('attempt', 0)} queued again: {message}"
-        )
+        return Actions(status=patch)
+    patch["nextRetryAt"] = None
+    event = Event(
+        "Normal", "Requeued", f"attempt {status.get('attempt', 0)} queued again: {message}"
+    )
     return Actions(status=patch, events=[event])
 
 
@@ -325,7 +325,9 @@ def lone_worker_committed(
 def start_running(
     status: dict[str, Any], message: str, now: float, gen: int, actions: Actions
 ) -> None:
-    """An admitted gang all of whose workers run (or already finished) is Running."""
+    """An admitted gang all of whose workers run (or already finished) is Running: its
+    condition and status.startedAt say when, with no event (the decision was the admission,
+    told by the Admitted event)."""
     actions.status.update(
         {
             "phase": "Running",
@@ -337,7 +339,6 @@ def start_running(
             ),
         }
     )
-    actions.events.append(Event("Normal", "Running", message))
 
 
 def as_admitted(spec: TrainingJobSpec, job: dict[str, Any]) -> TrainingJobSpec:

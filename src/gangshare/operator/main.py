@@ -189,8 +189,9 @@ def run_operator(args: argparse.Namespace) -> int:
     from gangshare.operator.leader import LeaderElector
     from gangshare.operator.lifecycle import Limits
     from gangshare.operator.metrics import OperatorMetrics, serve
-    from gangshare.operator.reconcile import CachedReads, OperatorOptions, Reconciler
+    from gangshare.operator.reconcile import OperatorOptions, Reconciler
     from gangshare.operator.scheduler import SchedulerLoop
+    from gangshare.operator.store_steps import CachedReads
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gangshare.core.clock import Clock
@@ -31,6 +31,12 @@ from gangshare.operator.kubeapi import Conflict, Forbidden, Invalid, KubeApi, Le
 from gangshare.operator.lifecycle import Limits, detect_actions
 from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.pod_failures import nodes_to_look_beside
+from gangshare.operator.store_steps import (
+    CachedReads,
+    creates_nothing,
+    first_workers,
+    forward_status_step,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("gangshare.operator")
@@ -52,15 +58,6 @@ def _side_by_side(call: Callable[[T], None], items: Sequence[T]) -> None:
         return
     for future in [_pod_calls.submit(call, item) for item in items]:
         future.result()
-
-
-@dataclass(frozen=True)
-class CachedReads:
-    """The operator's watch-fed stores (operator/informers.py), as a reconcile reads them:
-    a job by namespace/name, and the live pods of a job."""
-
-    job: Callable[[str], dict[str, Any] | None]
-    pods: Callable[[str, str], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -86,31 +83,9 @@ def abandoned(key: str, lost: LeadershipLost) -> None:
     log.warning("reconcile of %s abandoned: %s", key, lost)
 
 
-def creates_nothing(job: dict[str, Any], actions: Actions) -> bool:
-    """Actions that create or delete no object (pods, the Service, the job); `job` only for
-    the shape `Reconciler._from_stores` asks of what it trusts."""
-    return not (
-        actions.create_service
-        or actions.create_pods
-        or actions.delete_pods
-        or actions.force_delete_pods
-        or actions.delete_job
-    )
-
-
 def _queues_a_job(job: dict[str, Any]) -> bool:
     """A TrainingJob that only holds a batch/v1 Job's place (batch_reconcile.py acts for it)."""
     return bool((job.get("spec") or {}).get("jobRef"))
-
-
-def forward_status_step(job: dict[str, Any], actions: Actions) -> bool:
-    """Actions that only write status (and events) taking a new job to Queued or an admitted
-    gang to Running: what most watch events of a healthy job ask for."""
-    if not creates_nothing(job, actions) or actions.lift_gates or actions.nudge_pods:
-        return False
-    before = (job.get("status") or {}).get("phase")
-    after = actions.status.get("phase")
-    return (before, after) in ((None, "Queued"), ("Admitted", "Running"))
 
 
 class Reconciler:
@@ -282,13 +257,22 @@ class Reconciler:
         actions = self._decide(observed)
         if actions.empty:
             return True, actions.requeue_after
-        if not (trusted or forward_status_step)(job, actions):
+        first = trusted is None and first_workers(job, pods, actions)
+        if first:
+            # The Service goes with the pods, as on the API path.
+            actions = self._decide(replace(observed, has_service=False))
+        elif not (trusted or forward_status_step)(job, actions):
             return False, None
         try:
-            self.process(job, actions)
+            existed = self.process(job, actions)
         except Conflict:
             return False, None  # the job changed under the stores: read it afresh
-        return True, actions.requeue_after
+        if not first:
+            return True, actions.requeue_after
+        if existed:
+            return False, None  # a worker the stores did not show: decide from a fresh read
+        # The next step (commit, lift the gates) from the stores, as the API path takes it.
+        return self._from_stores(namespace, name, None, creates_nothing)
 
     def _reconcile(
         self,
@@ -346,14 +330,15 @@ class Reconciler:
             self.options.limits,
         )
 
-    def process(self, job: dict[str, Any], actions: Actions) -> None:
+    def process(self, job: dict[str, Any], actions: Actions) -> int:
+        """Carry the actions out; returns how many of its pods already existed."""
         meta = job["metadata"]
         namespace = meta["namespace"]
         try:
-            self._create(job, actions)
+            existed = self._create(job, actions)
         except Refused as refused:
             self._fail_refused(job, refused, [p["metadata"]["name"] for p in actions.create_pods])
-            return
+            return 0
         if actions.status:
             # Before the gates: GangScheduled commits the lift (extender/barrier.py), and any
             # operator that comes next lifts whatever gate is left.
@@ -390,6 +375,7 @@ class Reconciler:
         if actions.delete_job:
             self.api.delete_job(namespace, meta["name"])
             log.info("%s/%s deleted: ttlSecondsAfterFinished elapsed", namespace, meta["name"])
+        return existed
 
     def _lift_gates(self, job: dict[str, Any], pods: list[str]) -> None:
         """Every gate lifted side by side; one that is forbidden leaves its gang gated and says
@@ -408,8 +394,10 @@ class Reconciler:
             self.api.post_event(job, "Warning", GATE_LIFT_REFUSED, message, action="Schedule")
             log.warning("%s/%s: %s", namespace, job["metadata"]["name"], message)
 
-    def _create(self, job: dict[str, Any], actions: Actions) -> None:
+    def _create(self, job: dict[str, Any], actions: Actions) -> int:
+        """Create the Service and pods the actions ask for; returns how many pods existed."""
         namespace, uid = job["metadata"]["namespace"], job["metadata"].get("uid")
+        existed: list[str] = []
         if actions.create_service is not None:
             try:
                 self.api.create("Service", namespace, actions.create_service)
@@ -426,6 +414,8 @@ class Reconciler:
                 raise Refused(
                     "InvalidPodTemplate", f"spec.template: the worker pod was refused: {err}"
                 ) from None
+            if not created:
+                existed.append(name)
             if not created and self.api.pod_controller_uid(namespace, name) not in (uid, None):
                 raise Refused(
                     "WorkerNameTaken",
@@ -435,6 +425,7 @@ class Reconciler:
 
         # Side by side: a 512-worker gang's pods one by one took seconds before its gates.
         _side_by_side(create_worker, actions.create_pods)
+        return len(existed)
 
     def _fail_refused(self, job: dict[str, Any], refused: Refused, pods: list[str]) -> None:
         now = self.clock.now()

@@ -10,7 +10,8 @@ from jobs import make_job, pod
 
 from gangshare.core.clock import ManualClock
 from gangshare.operator.informers import Informers, Store, pod_job, pod_node
-from gangshare.operator.reconcile import CachedReads, OperatorOptions, Reconciler
+from gangshare.operator.reconcile import OperatorOptions, Reconciler
+from gangshare.operator.store_steps import CachedReads
 
 PLACEMENT = [{"rank": 0, "node": "n-0", "gpus": [0]}, {"rank": 1, "node": "n-1", "gpus": [0]}]
 READS = {"get_namespaced_custom_object", "list_namespaced_pod"}
@@ -158,10 +159,8 @@ def test_a_new_job_is_queued_from_the_stores_alone() -> None:
     reconciler.reconcile_soon("team", "j", job)
     assert reads(server) == []
     assert server.job["status"]["phase"] == "Queued"
-    assert [name for name, _ in server.writes()] == [
-        "patch_namespaced_custom_object_status",
-        "create_namespaced_event",
-    ]
+    # One write: a first queueing posts no event (the status says it).
+    assert [name for name, _ in server.writes()] == ["patch_namespaced_custom_object_status"]
 
 
 def test_a_gang_whose_workers_all_run_is_running_from_the_stores_alone() -> None:
@@ -191,16 +190,41 @@ def test_a_store_step_refused_for_a_changed_job_is_decided_again_from_the_api_se
     assert server.job["status"]["phase"] == "Queued"
 
 
-def test_an_admitted_gang_gets_its_service_with_its_pods_and_no_service_read() -> None:
+def test_an_admitted_gang_gets_its_service_and_pods_from_the_stores_with_no_read() -> None:
     admitted = placed_gang("Admitted")
     server = FakeApiServer(admitted, [])
     reconciler = reconciler_over(server, admitted, [])
     reconciler.reconcile("team", "j")
     names = [name for name, _ in server.calls]
-    assert "read_namespaced_service" not in names
-    # What it wrote is assumed into the stores, which then show nothing more to do: one read.
-    assert names.count("list_namespaced_pod") == 1
+    # A first attempt's first workers: the stores hold every pod the leader made, so neither
+    # the job nor its pods are read; what it wrote is assumed, and the commit follows.
+    assert reads(server) == [] and "read_namespaced_service" not in names
     assert names.count("create_namespaced_service") == 1
     assert names.count("create_namespaced_pod") == 2
     scheduled = [c for c in server.job["status"]["conditions"] if c["type"] == "GangScheduled"]
     assert scheduled and scheduled[0]["status"] == "True"
+    assert not any(p["spec"].get("schedulingGates") for p in server.pods.values())
+
+
+def test_a_worker_the_stores_did_not_show_sends_the_first_creation_to_a_fresh_read() -> None:
+    # A worker of this attempt ended before the stores saw it (ended pods leave the live-pod
+    # store): its create answers 409, and the reconcile decides again from the API server,
+    # which shows the failed worker, instead of committing a gang around it.
+    admitted = placed_gang("Admitted")
+    failed = pod("j", 0, phase="Failed", node="n-0", reason="Evicted", message="node drained")
+    server = FakeApiServer(admitted, [failed])
+    reconciler = reconciler_over(server, admitted, [])
+    reconciler.reconcile("team", "j")
+    assert set(reads(server)) == READS
+    conditions = {c["type"]: c["status"] for c in server.job["status"].get("conditions") or []}
+    assert conditions.get("GangScheduled") != "True"
+    assert server.job["status"]["phase"] == "Restarting"
+
+
+def test_a_later_attempts_workers_are_made_from_a_fresh_read() -> None:
+    requeued = placed_gang("Admitted", attempt=1)
+    server = FakeApiServer(requeued, [])
+    reconciler = reconciler_over(server, requeued, [])
+    reconciler.reconcile("team", "j")
+    assert set(reads(server)) == READS  # an earlier attempt's ended pods may still exist
+    assert [n for n, _ in server.calls].count("create_namespaced_pod") == 2
