@@ -120,7 +120,8 @@ def test_a_gang_runs_to_success_with_conditions_and_events(
     # (describe prints each with its message), and no event is posted for them.
     for reason in ("Queued", "Running"):
         assert not re.search(rf"Normal\s+{reason}\s", events), events
-    assert "AllWorkersRunning" in describe
+    for kind in ("Admitted", "Running"):
+        assert re.search(rf"Type:\s+{kind}\b", describe), describe
     pods = job_pods(kube, namespace, "pair")
     assert sorted(p.metadata.name for p in pods) == ["pair-worker-0", "pair-worker-1"]
     for pod in pods:
