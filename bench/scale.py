@@ -68,6 +68,7 @@ from scale_watch import GROUP, VERSION, Observer
 
 SCHEDULER = "scale-sched"
 LENDER, BORROWER, COHORT = "scale-lender", "scale-borrower", "scale"
+BACKLOG, BACKLOG_QUOTA = "scale-backlog", 8
 WATCHED = ("kube-apiserver", "etcd", "kwok")
 
 
@@ -145,8 +146,10 @@ def measured(
         into["requests"] = dict((server_requests(admin) - served).most_common())
 
 
-def training_job(name: str, queue: str, workers: int, gpus: int) -> dict[str, Any]:
-    return {
+def training_job(
+    name: str, queue: str, workers: int, gpus: int, runtime: int | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingJob",
         "metadata": {"name": name},
@@ -157,6 +160,9 @@ def training_job(name: str, queue: str, workers: int, gpus: int) -> dict[str, An
             "template": {"spec": {"containers": [{"name": "t", "image": "example.invalid/t:1"}]}},
         },
     }
+    if runtime is not None:
+        body["spec"]["runtimeEstimateSeconds"] = runtime
+    return body
 
 
 class Scale:
@@ -408,7 +414,8 @@ def queues(total: int) -> list[dict[str, Any]]:
             "spec": {"nominalGPUs": quota, "cohort": COHORT},
         }
 
-    return [queue(LENDER, total), queue(BORROWER, 0)]
+    backlog = {**queue(BACKLOG, BACKLOG_QUOTA), "spec": {"nominalGPUs": BACKLOG_QUOTA}}
+    return [queue(LENDER, total), queue(BORROWER, 0), backlog]
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -446,13 +453,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"scenarios": {}, "lost": [], "double_held": [], "error": None}
     started = time.perf_counter()
     try:
-        state = cluster.up(cluster_nodes(args.nodes, args.gpus), timeout=900)
+        # A backlog's running jobs get a node of their own, beyond the scenarios' `--nodes`.
+        nodes = args.nodes + (1 if args.backlog else 0)
+        state = cluster.up(cluster_nodes(nodes, args.gpus), timeout=900)
         report["cluster_up_s"] = time.perf_counter() - started
         kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
         children, pids = start_gangshare(cluster, kubectl, args.forecast_period)
         apply(kubectl, queues(args.nodes * args.gpus))
         scale = Scale(cluster, args, pids)
         scale.seen.start()
+        if args.backlog:
+            scale.backlog()
         steps: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
             ("gang", scale.gang),
             ("jobs", scale.jobs),
@@ -500,6 +511,13 @@ def main() -> None:
         type=float,
         default=30.0,
         help="the operator's --forecast-period (start-time forecasts; 0: off, to compare)",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="one-GPU jobs left waiting on a small queue's quota through the scenarios, so "
+        "that forecasts replay them (see Scale.backlog)",
     )
     parser.add_argument(
         "--profile", type=Path, help="py-spy the operator and extender per scenario into here"
