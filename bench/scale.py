@@ -289,6 +289,22 @@ class Scale:
         )
         self.delete_and_wait([key], ns, out)
 
+    def backlog(self) -> None:
+        """`--backlog` one-GPU jobs of a queue of BACKLOG_QUOTA GPUs, in no cohort: the first
+        BACKLOG_QUOTA run (on the GPUs the cluster has beyond `--nodes`), the rest wait for
+        its quota through every scenario, so each forecast replays them (in `jobs` alone,
+        every job a pass sees is admitted by it: nothing is left to forecast)."""
+        ns = "scale-backlog"
+        self.namespace(ns)
+        runtimes = [3600 * (1 + i % 4) for i in range(self.args.backlog)]
+        bodies = [
+            training_job(f"wait-{i:05d}", BACKLOG, 1, 1, runtime)
+            for i, runtime in enumerate(runtimes)
+        ]
+        keys = self.create(ns, bodies)
+        first = keys[: min(BACKLOG_QUOTA, len(keys))]
+        self.seen.wait(f"{len(first)} backlog jobs Running", self.all_running(first), 300)
+
     def jobs(self, out: dict[str, Any]) -> None:
         with measured(self.pids, out, self.api_client, self.args.profile):
             keys = self.fill("scale-jobs", LENDER, self.total, 1, out)
