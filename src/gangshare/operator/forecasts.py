@@ -38,6 +38,10 @@ MIN_GAP_SECONDS = 5.0
 COST_FACTOR = 20.0
 # A backlog that grew or shrank by this share since the last forecast is a large change.
 LARGE_CHANGE = 0.1
+# A forecast yields to admissions: while passes keep admitting it waits, up to this many
+# periods since the last (bench/scale.py with a standing backlog admitted 17% slower when a
+# forecast was made every period through a burst of 4,000 admissions).
+YIELD_PERIODS = 4.0
 MOVE_SHARE = 0.25
 MOVE_SLACK_SECONDS = 60.0
 
@@ -58,16 +62,23 @@ class ForecastBook:
     # Where rounds are made beside the pass (the operator); None: in the pass.
     worker: ForecastWorker | None = None
     _backlog: int = 0
+    _first_waiting: float | None = None
     _advised_last: str | None = None
 
-    def due(self, now: float, waiting: Sequence[QueuedJob]) -> bool:
+    def due(self, now: float, waiting: Sequence[QueuedJob], admitting: bool = False) -> bool:
+        """Whether a forecast is due; `admitting`: the pass admitted jobs (a forecast then
+        waits, up to YIELD_PERIODS periods since the last)."""
         if not waiting or self.period_seconds <= 0:
             return False
         if self.made_at is None:
-            return True
+            # The first one yields too, counted from when jobs first waited.
+            self._first_waiting = self._first_waiting or now
+            return not admitting or now - self._first_waiting >= self._yield_seconds
         since = now - self.made_at
         if since < COST_FACTOR * self.last_seconds:
             return False
+        if admitting:
+            return since >= self._yield_seconds
         if since >= self.period_seconds:
             return True
         if since < MIN_GAP_SECONDS:
@@ -105,6 +116,10 @@ class ForecastBook:
         self.rounds += 1
         return self.current
 
+    @property
+    def _yield_seconds(self) -> float:
+        return YIELD_PERIODS * self.period_seconds
+
     def of(self, key: str) -> Forecast | None:
         return self.current.get(key)
 
@@ -125,7 +140,7 @@ class ForecastBook:
             if self.worker.busy:
                 return self.current
         waiting = [p.job for p in result.pending]
-        if not self.due(now, waiting):
+        if not self.due(now, waiting, admitting=bool(result.admitted)):
             return self.current
         admitted = [
             a.running(now, now + (a.job.runtime_estimate or policy.default_runtime_seconds))

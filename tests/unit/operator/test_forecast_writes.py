@@ -170,3 +170,16 @@ def test_a_job_that_cannot_be_admitted_as_it_stands_gets_no_forecast():
     assert job["status"]["message"] == "queue nope does not exist (spec.queue)"
     assert "forecast" not in job["status"]
     assert reasons.explain(lost, {"team/a": job}, POLICY, T0 + 120, forecasts=made) == 0
+
+
+def test_a_forecast_yields_to_admissions_for_up_to_four_periods():
+    book = ForecastBook(period_seconds=30)
+    job = waiting(queued("a"), "r", PendingKind.BEHIND).job
+    # Passes that admit hold the first forecast back, up to four periods from the first wait.
+    assert not book.due(T0, [job], admitting=True)
+    assert not book.due(T0 + 119, [job], admitting=True)
+    assert book.due(T0 + 120, [job], admitting=True)
+    assert book.due(T0 + 1, [job])  # a pass that admits nothing makes it at once
+    book.current, book.made_at, book._backlog = {job.key: forecast(job.key, T0)}, T0, 1
+    assert book.due(T0 + 30, [job]) and not book.due(T0 + 30, [job], admitting=True)
+    assert book.due(T0 + 120, [job], admitting=True)
