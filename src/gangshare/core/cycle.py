@@ -35,7 +35,7 @@ from gangshare.core.backfill import (
 from gangshare.core.cluster import Cluster
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
-from gangshare.core.held import HeldGpus, avoiding, gpus_by_node
+from gangshare.core.held import HeldGpus, Nodes, avoiding, gpus_by_node
 from gangshare.core.job import GangRequest, PodSet, ServiceClass, Topology
 from gangshare.core.lane_pick import LanePicker
 from gangshare.core.queueing import (
@@ -159,6 +159,13 @@ class _Cycle:
         self.held = HeldGpus(cluster, running, now, policy.default_runtime_seconds)
         # Lanes whose first quota-blocked job reserved in this cycle.
         self._quota_lanes: set[tuple[str, str, str]] = set()
+        # Each gang's nodes by identity (hashing its worker request at every block was a
+        # tenth of a backlog pinned to a rare GPU model, #39).
+        self._nodes_of: dict[int, tuple[GangRequest, Nodes]] = {}
+        # (nodes, GPUs) -> HeldGpus.version when a head of that size last asked for a GPU
+        # reservation there: until the next admission, another such head would get the same
+        # start and spare, which the first one's (or one dominating it) already covers.
+        self._gpu_reserved: dict[tuple[Nodes, int], int] = {}
 
     def lane_priority(self, lane: list[QueuedJob]) -> tuple[object, ...]:
         """Heads within their quota first (least served first under fair share); then heads
@@ -371,12 +378,23 @@ class _Cycle:
         bound = self.policy.starvation_seconds
         return bound is not None and self.now - job.submitted_at >= bound
 
+    def _nodes_for(self, gang: GangRequest) -> Nodes:
+        known = self._nodes_of.get(id(gang))
+        if known is None or known[0] is not gang:
+            known = self._nodes_of[id(gang)] = (gang, self.held.nodes_for(gang))
+        return known[1]
+
     def _reserve(self, head: QueuedJob, quota_blocked: bool = False) -> None:
         """Reserve for a blocked head what it waits for, from the earliest time running jobs'
         expected ends free it: GPUs, and its queue's quota when that is what blocks it."""
         # Only GPUs on nodes it can run on: others neither bring its start nearer nor are
         # kept from jobs that can use them.
-        nodes = self.held.nodes_for(head.gang)
+        nodes = self._nodes_for(head.gang)
+        if not quota_blocked:
+            asked = (nodes, head.gpus)
+            if self._gpu_reserved.get(asked) == self.held.version:
+                return
+            self._gpu_reserved[asked] = self.held.version
         free, endings = self.held.free(nodes), self.held.endings(nodes)
         start = gpus_free_from(free, endings, head.gpus, self.now)
         if start is None:

@@ -111,6 +111,8 @@ class HeldGpus:
         self._admitted: list[_Held] = []
         self._scopes: dict[Nodes, _Scope] = {}
         self._by_queue: dict[str, list[Ending]] | None = None
+        # Bumped by every admission: what was computed from these counts holds until then.
+        self.version = 0
 
     def nodes_for(self, gang: GangRequest) -> Nodes:
         """Where the gang could ever run (kept per request: node filters do not change)."""
@@ -145,6 +147,7 @@ class HeldGpus:
     def assumed(self, queue: str, placed: Mapping[str, int], end: float, borrowed: bool) -> None:
         """A guaranteed placement admitted in this cycle: it holds its GPUs until `end`."""
         held = _Held(queue, end, sum(placed.values()), borrowed, placed)
+        self.version += 1
         self._admitted.append(held)
         for nodes, scope in self._scopes.items():
             gpus = held.gpus_on(nodes)
