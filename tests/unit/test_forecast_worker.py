@@ -7,14 +7,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from dataclasses import replace
 
+import pytest
 from builders import make_cluster, make_gang
 
 from gangshare.core import ServiceClass
 from gangshare.core.cycle import schedule_cycle
 from gangshare.core.forecast import ForecastSettings
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
-from gangshare.operator.forecast_worker import ForecastWorker, forecast_round
+from gangshare.operator.forecast_worker import ForecastAsk, ForecastWorker, forecast_round
 from gangshare.operator.forecasts import ForecastBook
 
 EXACT = ForecastSettings(min_step_seconds=1.0, step_share=0.0)
@@ -31,47 +34,59 @@ def scene():  # type: ignore[no-untyped-def]
     return cluster, [job("a", 4, 1), job("b", 2, 2)], running
 
 
-def finished(worker: ForecastWorker, ready: threading.Event):  # type: ignore[no-untyped-def]
-    assert ready.wait(120), "the worker never reported its round"
-    ready.clear()
-    return worker.take()
-
-
-def test_the_worker_makes_the_round_the_pass_would_at_the_lowest_priority():
+def ask(now: float) -> ForecastAsk:
     cluster, waiting, running = scene()
-    ready = threading.Event()
-    worker = ForecastWorker(on_ready=ready.set)
-    try:
-        worker.submit(cluster, waiting, running, POLICY, 10.0, EXACT, None)
-        made = finished(worker, ready)
-        assert made is not None
-        here = forecast_round(cluster, waiting, running, POLICY, 10.0, EXACT, None)
-        assert made.forecasts == here.forecasts
-        assert made.forecasts["a"].start == 500 and made.forecasts["b"].start == 800
-        assert made.waiting == {"a", "b"}
-        assert worker.take() is None  # taken once
-        pids = list(worker._pool._processes)  # type: ignore[union-attr]
-        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [19]
-    finally:
-        worker.stop()
+    return ForecastAsk(cluster, tuple(waiting), tuple(running), POLICY, now, EXACT, None)
 
 
-def test_a_worker_killed_mid_life_costs_one_round_and_the_next_is_made_by_a_new_one():
-    cluster, waiting, running = scene()
-    ready = threading.Event()
-    worker = ForecastWorker(on_ready=ready.set)
+class Worker:
+    """A real worker, and the event its rounds set when done."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.worker = ForecastWorker(on_ready=self.ready.set)
+
+    def finished(self):  # type: ignore[no-untyped-def]
+        assert self.ready.wait(120), "the worker never reported its round"
+        self.ready.clear()
+        return self.worker.take()
+
+    def pids(self) -> list[int]:
+        return list(self.worker._pool._processes)  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def spawned() -> Iterator[Worker]:
+    made = Worker()
     try:
-        worker.submit(cluster, waiting, running, POLICY, 10.0, EXACT, None)
-        assert finished(worker, ready) is not None
-        for pid in list(worker._pool._processes):  # type: ignore[union-attr]
-            os.kill(pid, signal.SIGKILL)
-        worker.submit(cluster, waiting, running, POLICY, 20.0, EXACT, None)
-        assert finished(worker, ready) is None  # the broken pool's round: logged, dropped
-        worker.submit(cluster, waiting, running, POLICY, 30.0, EXACT, None)
-        made = finished(worker, ready)
-        assert made is not None and made.forecasts["a"].start == 500
+        yield made
     finally:
-        worker.stop()
+        made.worker.stop()
+
+
+def test_the_worker_makes_the_round_the_pass_would_at_the_lowest_priority(spawned: Worker):
+    spawned.worker.submit(ask(10.0))
+    made = spawned.finished()
+    assert made is not None
+    assert made.forecasts == forecast_round(ask(10.0)).forecasts
+    assert made.forecasts["a"].start == 500 and made.forecasts["b"].start == 800
+    assert made.waiting == {"a", "b"}
+    assert spawned.worker.take() is None  # taken once
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in spawned.pids()] == [19]
+
+
+def test_a_worker_killed_mid_life_costs_one_round_and_the_next_is_made_by_a_new_one(
+    spawned: Worker,
+):
+    spawned.worker.submit(ask(10.0))
+    assert spawned.finished() is not None
+    for pid in spawned.pids():
+        os.kill(pid, signal.SIGKILL)
+    spawned.worker.submit(ask(20.0))
+    assert spawned.finished() is None  # the broken pool's round: logged, dropped
+    spawned.worker.submit(ask(30.0))
+    made = spawned.finished()
+    assert made is not None and made.forecasts["a"].start == 500
 
 
 class HeldWorker:
@@ -85,12 +100,12 @@ class HeldWorker:
     def busy(self) -> bool:
         return bool(self.asked) and self.done is None
 
-    def submit(self, cluster, waiting, running, policy, now, settings, after):  # type: ignore[no-untyped-def]
-        self.asked.append(now)
-        self.args = (cluster.copy(), list(waiting), list(running), policy, now, settings, after)
+    def submit(self, asked: ForecastAsk) -> None:
+        self.asked.append(asked.now)
+        self.args = replace(asked, cluster=asked.cluster.copy())
 
     def finish(self) -> None:
-        self.done = forecast_round(*self.args)
+        self.done = forecast_round(self.args)
 
     def take(self):  # type: ignore[no-untyped-def]
         done, self.done = self.done, None

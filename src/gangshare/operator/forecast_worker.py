@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -39,28 +39,33 @@ class ForecastRound:
     seconds: float
 
 
-def forecast_round(
-    cluster: Cluster,
-    waiting: Sequence[QueuedJob],
-    running: Sequence[RunningJob],
-    policy: QueuePolicy,
-    now: float,
-    settings: ForecastSettings,
-    advised_after: str | None,
-) -> ForecastRound:
-    """A forecast and a round of shape advice going on after `advised_after` (pure: the
-    worker process runs it as the pass would)."""
+@dataclass(frozen=True)
+class ForecastAsk:
+    """What a round is made from: the snapshot as the pass's admissions left it, and the job
+    after which shape advice goes on."""
+
+    cluster: Cluster
+    waiting: tuple[QueuedJob, ...]
+    running: tuple[RunningJob, ...]
+    policy: QueuePolicy
+    now: float
+    settings: ForecastSettings
+    advised_after: str | None
+
+
+def forecast_round(ask: ForecastAsk) -> ForecastRound:
+    """A forecast and a round of shape advice (pure: the worker process runs it as the pass
+    would)."""
     began = time.perf_counter()
-    forecasts = forecast_starts(cluster, waiting, running, policy, now, settings)
-    found = advise_shapes(
-        cluster, waiting, running, policy, now, forecasts, settings, after=advised_after
-    )
+    args = (ask.cluster, ask.waiting, ask.running, ask.policy, ask.now)
+    forecasts = forecast_starts(*args, ask.settings)
+    found = advise_shapes(*args, forecasts, ask.settings, after=ask.advised_after)
     seconds = time.perf_counter() - began
-    return ForecastRound(forecasts, found, frozenset(job.key for job in waiting), seconds)
+    return ForecastRound(forecasts, found, frozenset(job.key for job in ask.waiting), seconds)
 
 
 def _forecast_pickled(payload: bytes) -> ForecastRound:
-    return forecast_round(*pickle.loads(payload))
+    return forecast_round(pickle.loads(payload))
 
 
 def _lowest_priority() -> None:
@@ -79,16 +84,7 @@ class ForecastWorker:
     def busy(self) -> bool:
         return self._running is not None and not self._running.done()
 
-    def submit(
-        self,
-        cluster: Cluster,
-        waiting: Sequence[QueuedJob],
-        running: Sequence[RunningJob],
-        policy: QueuePolicy,
-        now: float,
-        settings: ForecastSettings,
-        advised_after: str | None,
-    ) -> None:
+    def submit(self, ask: ForecastAsk) -> None:
         self._restart_if_broken()
         if self._pool is None:
             # spawn, not fork: the operator runs threads (watches, kopf's loop), and a fork
@@ -98,8 +94,7 @@ class ForecastWorker:
             )
         # Pickled here, not in the pool's feeder thread: the pass goes on meanwhile, and the
         # worker must see the snapshot as it was when the round was asked for.
-        args = (cluster, list(waiting), list(running), policy, now, settings, advised_after)
-        payload = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(ask, protocol=pickle.HIGHEST_PROTOCOL)
         self._running = self._pool.submit(_forecast_pickled, payload)
         self._running.add_done_callback(lambda _: self.on_ready())
 

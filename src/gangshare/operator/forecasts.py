@@ -28,7 +28,12 @@ from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
 from gangshare.core.shape_advice import ShapeAdvice
 from gangshare.kube.snapshot import parse_time
 from gangshare.operator.conditions import iso
-from gangshare.operator.forecast_worker import ForecastRound, ForecastWorker, forecast_round
+from gangshare.operator.forecast_worker import (
+    ForecastAsk,
+    ForecastRound,
+    ForecastWorker,
+    forecast_round,
+)
 
 PERIOD_SECONDS = 30.0
 MIN_GAP_SECONDS = 5.0
@@ -86,23 +91,6 @@ class ForecastBook:
         moved = abs(len(waiting) - self._backlog) > LARGE_CHANGE * max(1, self._backlog)
         return moved or any(job.key not in self.current for job in waiting)
 
-    def make(
-        self,
-        cluster: Cluster,
-        waiting: Sequence[QueuedJob],
-        running: Sequence[RunningJob],
-        policy: QueuePolicy,
-        now: float,
-    ) -> dict[str, Forecast]:
-        """A forecast made here and now (the simulator's probes, tests; the operator hands
-        its rounds to a worker process instead)."""
-        self.made_at = now
-        self._backlog = len(waiting)
-        made = forecast_round(
-            cluster, waiting, running, policy, now, self.settings, self._advised_last
-        )
-        return self.apply(made)
-
     def apply(self, made: ForecastRound) -> dict[str, Forecast]:
         """Take a finished round: its forecasts, and its advice merged with the advice still
         standing for the jobs it did not try (a round goes on where the last stopped)."""
@@ -146,19 +134,19 @@ class ForecastBook:
             a.running(now, now + (a.job.runtime_estimate or policy.default_runtime_seconds))
             for a in result.admitted
         ]
-        if self.worker is None:
-            return self.make(cluster, waiting, [*running, *admitted], policy, now)
-        self.made_at = now
-        self._backlog = len(waiting)
-        self.worker.submit(
+        self.made_at, self._backlog = now, len(waiting)
+        ask = ForecastAsk(
             cluster,
-            waiting,
-            [*running, *admitted],
+            tuple(waiting),
+            (*running, *admitted),
             policy,
             now,
             self.settings,
             self._advised_last,
         )
+        if self.worker is None:
+            return self.apply(forecast_round(ask))
+        self.worker.submit(ask)
         return self.current
 
 
