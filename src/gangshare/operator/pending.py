@@ -9,7 +9,9 @@ to what changed, not to how many jobs wait:
     most every REFRESH_SECONDS per job, with no event: such texts move on every admission in
     the queue, and 10,000 waiting jobs would otherwise be rewritten on each.
 At most WRITES_PER_PASS are written per pass, in queue order; the rest follow on later passes
-(a pass comes every second or sooner).
+(a pass comes every second or sooner). A pass that admitted writes at most
+FORECAST_WRITES_WHILE_ADMITTING forecasts that ride on no reason: the pass waits for its
+writes, and a burst of first forecasts for a standing backlog held admissions back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gangshare.operator.forecasts import advice_is_news, forecast_moved, forecas
 from gangshare.operator.kubeapi import Conflict, KubeApi
 
 WRITES_PER_PASS = 200
+FORECAST_WRITES_WHILE_ADMITTING = 20
 REFRESH_SECONDS = 60.0
 
 
@@ -110,9 +113,11 @@ class PendingReasons:
         api: KubeApi,
         writes_per_pass: int = WRITES_PER_PASS,
         refresh_seconds: float = REFRESH_SECONDS,
+        forecast_writes_while_admitting: int = FORECAST_WRITES_WHILE_ADMITTING,
     ) -> None:
         self.api = api
         self.writes_per_pass = writes_per_pass
+        self.forecast_writes_while_admitting = forecast_writes_while_admitting
         self.refresh_seconds = refresh_seconds
         self._written_at: dict[str, float] = {}
         self.events_posted = 0  # over the process's life (the benchmark reads it)
@@ -126,11 +131,14 @@ class PendingReasons:
         pool: Executor | None = None,
         forecasts: Mapping[str, Forecast] | None = None,
         advice: Mapping[str, ShapeAdvice] | None = None,
+        admitting: bool = False,
     ) -> int:
         """Write the reasons due this pass (side by side on `pool`, when given: each is an
         API round trip), each with the job's forecast when it has moved (operator/forecasts.py);
-        returns how many were written."""
+        `admitting`: the pass admitted jobs (forecasts alone then wait their turn); returns
+        how many were written."""
         due: list[tuple[dict[str, Any], Pending, PendingWrite]] = []
+        alone = self.forecast_writes_while_admitting if admitting else self.writes_per_pass
         seen = set()
         forecasts, advice = forecasts or {}, advice or {}
         for pending in waiting:
@@ -154,10 +162,16 @@ class PendingReasons:
             # shape advice too, and a later one once it has moved, at most once per refresh.
             if forecast is not None and (
                 write is not None
-                or not written
-                or news
-                or (not recent and forecast_moved(written, forecast, now))
+                or (
+                    alone > 0
+                    and (
+                        not written
+                        or news
+                        or (not recent and forecast_moved(written, forecast, now))
+                    )
+                )
             ):
+                alone -= write is None
                 base = write or PendingWrite({}, transition=False)
                 status = {**base.status, "forecast": forecast_status(forecast, now, told)}
                 reshape = detect_reshape(job, told) if told is not None else None

@@ -195,7 +195,14 @@ class SchedulerLoop:
         forecasts = self._forecast(snapshot.cluster, result, snapshot.running, policy, now)
         if self.leading():
             report.reasons_written = self.pending.explain(
-                result.pending, by_key, policy, now, self._workers, forecasts, self.forecasts.advice
+                result.pending,
+                by_key,
+                policy,
+                now,
+                self._workers,
+                forecasts,
+                self.forecasts.advice,
+                admitting=bool(result.admitted),
             )
         preempted = self._preempted(result, by_key)
         self._publish_queue_statuses(policy, snapshot.running, result)

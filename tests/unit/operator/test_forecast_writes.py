@@ -183,3 +183,24 @@ def test_a_forecast_yields_to_admissions_for_up_to_four_periods():
     book.current, book.made_at, book._backlog = {job.key: forecast(job.key, T0)}, T0, 1
     assert book.due(T0 + 30, [job]) and not book.due(T0 + 30, [job], admitting=True)
     assert book.due(T0 + 120, [job], admitting=True)
+
+
+def test_a_pass_that_admitted_writes_few_forecasts_alone_and_the_rest_follow():
+    api = RecordingApi()
+    reasons = PendingReasons(
+        api, writes_per_pass=10, refresh_seconds=60, forecast_writes_while_admitting=2
+    )  # type: ignore[arg-type]
+    jobs = [queued(name) for name in "abcde"]
+    by_key = {f"team/{job['metadata']['name']}": job for job in jobs}
+    behind = [waiting(job, "waiting behind team/x", PendingKind.BEHIND) for job in jobs]
+    assert reasons.explain(behind, by_key, POLICY, T0) == 5  # reasons: no forecast yet
+    made = {key: forecast(key, T0 + 3600) for key in by_key}
+    assert reasons.explain(behind, by_key, POLICY, T0 + 5, forecasts=made, admitting=True) == 2
+    assert [job["metadata"]["name"] for job in jobs if "forecast" in job["status"]] == ["a", "b"]
+    # A reason that is due carries its forecast whatever the cap.
+    moved = [waiting(jobs[4], "queue team quota", PendingKind.QUOTA)]
+    assert reasons.explain(moved, by_key, POLICY, T0 + 6, forecasts=made, admitting=True) == 1
+    assert "forecast" in jobs[4]["status"]
+    # Once a pass admits nothing, the rest are written.
+    assert reasons.explain(behind[:4], by_key, POLICY, T0 + 7, forecasts=made) == 2
+    assert all("forecast" in job["status"] for job in jobs)
