@@ -21,21 +21,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gangshare.core.backfill import (
-    BackfillRefusal,
-    Reservation,
-    backfill_refusal,
-    dominated,
-    free_at,
-    gpus_free_from,
-    hold_all,
-    quota_free_from,
-    used_at,
-)
+from gangshare.core.backfill import Reservation
 from gangshare.core.cluster import Cluster
 from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
-from gangshare.core.held import HeldGpus, Nodes, avoiding, gpus_by_node
+from gangshare.core.held import avoiding, gpus_by_node
 from gangshare.core.job import GangRequest, PodSet, ServiceClass, Topology
 from gangshare.core.lane_pick import LanePicker
 from gangshare.core.queueing import (
@@ -47,6 +37,7 @@ from gangshare.core.queueing import (
 )
 from gangshare.core.queues import CohortBook
 from gangshare.core.reclaim import reclaim_for_waiting_lenders, reclaim_over_lent
+from gangshare.core.reserving import ReservationBook
 from gangshare.core.results import (
     Admission,
     CycleResult,
@@ -155,17 +146,9 @@ class _Cycle:
         # Shape and workers -> why it can never fit (None: it could), judged once per cycle.
         # Each gang's shape verdict by identity: hashing the shape for every visit was a cost.
         self.never: dict[int, tuple[GangRequest, str | None]] = {}
-        # Guaranteed GPUs free and freeing, where blocked heads can run (reservations).
-        self.held = HeldGpus(cluster, running, now, policy.default_runtime_seconds)
-        # Lanes whose first quota-blocked job reserved in this cycle.
-        self._quota_lanes: set[tuple[str, str, str]] = set()
-        # Each gang's nodes by identity (hashing its worker request at every block was a
-        # tenth of a backlog pinned to a rare GPU model, #39).
-        self._nodes_of: dict[int, tuple[GangRequest, Nodes]] = {}
-        # (nodes, GPUs) -> HeldGpus.version when a head of that size last asked for a GPU
-        # reservation there: until the next admission, another such head would get the same
-        # start and spare, which the first one's (or one dominating it) already covers.
-        self._gpu_reserved: dict[tuple[Nodes, int], int] = {}
+        self.reserving = ReservationBook(
+            cluster, running, policy, now, self.usage, self.result.reservations
+        )
 
     def lane_priority(self, lane: list[QueuedJob]) -> tuple[object, ...]:
         """Heads within their quota first (least served first under fair share); then heads
@@ -233,9 +216,9 @@ class _Cycle:
             self.result.pending.append(Pending(job, reason, PendingKind.QUOTA))
             # It waits for its queue's quota as a head blocked by GPUs waits for GPUs.
             if self.policy.backfill_of(job.queue):
-                self._reserve_quota_once_per_lane(job)
+                self.reserving.reserve_quota_once_per_lane(job)
             return True
-        backfill = self._backfill_refusal(job)
+        backfill = self.reserving.refusal(job)
         if backfill is not None and backfill.avoid and self._place_away(job, backfill.avoid):
             return False
         if backfill is not None:
@@ -262,15 +245,7 @@ class _Cycle:
             if self._needs_borrowing(head) and not self.book.borrow_refusal(head.queue, head.gpus):
                 continue
             if self.inadmissible(head) is None:
-                self._reserve_quota_once_per_lane(head)
-
-    def _reserve_quota_once_per_lane(self, head: QueuedJob) -> None:
-        """Only the first job of a lane its quota blocks reserves (EASY backfill): the jobs
-        behind it reserve in their turn, and reserving for all made a backlog quadratic."""
-        lane = self.policy.lane_of(head)
-        if lane not in self._quota_lanes:
-            self._quota_lanes.add(lane)
-            self._reserve(head, quota_blocked=True)
+                self.reserving.reserve_quota_once_per_lane(head)
 
     def _borrow(self, job: QueuedJob) -> bool:
         """Beyond its quota a job may still run, as Opportunistic on the cohort's idle quota;
@@ -329,12 +304,9 @@ class _Cycle:
     def _assume(self, job: QueuedJob, gang: GangRequest, plan: GangPlan, borrowed: bool) -> None:
         apply_plan(self.cluster, gang, plan)
         if gang.service_class is ServiceClass.GUARANTEED:
-            ends = self.now + self._estimate(job)
-            placed = gpus_by_node(plan)
-            self.held.assumed(job.queue, placed, ends, borrowed)
+            self.reserving.assumed(job, gpus_by_node(plan), borrowed)
             if not borrowed:
                 self.usage[job.queue] = self.usage.get(job.queue, 0) + job.gpus
-                hold_all(self.result.reservations, job.queue, placed, ends)
         if borrowed:
             self.book.borrowed[job.queue] = self.book.borrowed.get(job.queue, 0) + job.gpus
         self.result.admitted.append(Admission(job, plan, gang.service_class, borrowed))
@@ -347,7 +319,7 @@ class _Cycle:
             and job.service_class is ServiceClass.GUARANTEED
             and not borrowed
         ):
-            self._reserve(job)
+            self.reserving.reserve(job)
 
     def _over_quota(self, job: QueuedJob) -> bool:
         """_quota_reason is not None, without the words (asked for every lane at every pop)."""
@@ -364,67 +336,3 @@ class _Cycle:
             f"queue {job.queue} guaranteed quota: {used} of {quota} GPUs in use, "
             f"job needs {job.gpus}"
         )
-
-    def _estimate(self, job: QueuedJob) -> float:
-        return job.runtime_estimate or self.policy.default_runtime(job.queue)
-
-    def _backfill_refusal(self, job: QueuedJob) -> BackfillRefusal | None:
-        if not self.result.reservations or job.service_class is not ServiceClass.GUARANTEED:
-            return None
-        ends = self.now + self._estimate(job)
-        return backfill_refusal(self.result.reservations, job.queue, job.gpus, ends)
-
-    def _starving(self, job: QueuedJob) -> bool:
-        bound = self.policy.starvation_seconds
-        return bound is not None and self.now - job.submitted_at >= bound
-
-    def _nodes_for(self, gang: GangRequest) -> Nodes:
-        known = self._nodes_of.get(id(gang))
-        if known is None or known[0] is not gang:
-            known = self._nodes_of[id(gang)] = (gang, self.held.nodes_for(gang))
-        return known[1]
-
-    def _reserve(self, head: QueuedJob, quota_blocked: bool = False) -> None:
-        """Reserve for a blocked head what it waits for, from the earliest time running jobs'
-        expected ends free it: GPUs, and its queue's quota when that is what blocks it."""
-        # Only GPUs on nodes it can run on: others neither bring its start nearer nor are
-        # kept from jobs that can use them.
-        nodes = self._nodes_for(head.gang)
-        if not quota_blocked:
-            asked = (nodes, head.gpus)
-            if self._gpu_reserved.get(asked) == self.held.version:
-                return
-            self._gpu_reserved[asked] = self.held.version
-        free, endings = self.held.free(nodes), self.held.endings(nodes)
-        start = gpus_free_from(free, endings, head.gpus, self.now)
-        if start is None:
-            # Nothing that is running frees enough: a reservation would only stall everyone.
-            return
-        reservation = Reservation(head.key, start, 0, head.gpus, nodes=nodes)
-        quota = self.policy.quota(head.queue)
-        if quota_blocked and quota is not None:
-            # Heads of the queue that reserved before it are served first: counted as if they
-            # held their GPUs from now until they are expected to end.
-            ahead = [r for r in self.result.reservations if r.queue == head.queue]
-            used = self.usage.get(head.queue, 0) + sum(r.gpus for r in ahead)
-            mine = self.held.queue_endings(head.queue)
-            if ahead:
-                mine = sorted([*mine, *((r.until, r.gpus) for r in ahead)])
-            quota_start = quota_free_from(used, quota, mine, head.gpus, self.now)
-            if quota_start is None:
-                return
-            reservation.start = max(start, quota_start)
-            reservation.queue = head.queue
-            if self._starving(head):
-                # Waited past the bound: no other job of its queue starts guaranteed before it.
-                reservation.quota_start, reservation.quota_extra = self.now, 0
-            else:
-                left = quota - used_at(used, mine, quota_start) - head.gpus
-                reservation.quota_start, reservation.quota_extra = quota_start, max(0, left)
-        elif quota_blocked:
-            return
-        reservation.extra = max(0, free_at(free, endings, reservation.start) - head.gpus)
-        reservation.until = reservation.start + self._estimate(head)
-        if reservation.queue is None and dominated(self.result.reservations, reservation):
-            return
-        self.result.reservations.append(reservation)
