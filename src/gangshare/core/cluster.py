@@ -38,6 +38,10 @@ class Allocation:
     resources: tuple[tuple[str, int], ...] = field(default=())
 
 
+# What kept_while_nodes_stand and kept_for hold at most before starting afresh.
+MAX_KEPT = 100_000
+
+
 class Cluster:
     def __init__(self, nodes: Iterable[NodeState] = ()) -> None:
         self.nodes: dict[str, NodeState] = {}
@@ -50,6 +54,8 @@ class Cluster:
         self.version = 0
         self._kept: dict[Hashable, Any] | None = None
         self._static: dict[Hashable, Any] = {}
+        # Bumped whenever what kept_while_nodes_stand and kept_for hold is dropped.
+        self.static_generation = 0
         for node in nodes:
             self.add_node(node)
 
@@ -59,7 +65,7 @@ class Cluster:
         if node.name in self.nodes:
             raise ValueError(f"node {node.name} is already in the cluster")
         self.nodes[node.name] = node
-        self._static.clear()
+        self._forget_static()
         node.recount()
         self._by_free.setdefault(node.free_guaranteed, {})[node.name] = None
         self._changed(node.name)
@@ -67,7 +73,7 @@ class Cluster:
     def remove_node(self, name: str) -> NodeState:
         node = self.nodes.pop(name)
         self.version += 1
-        self._static.clear()
+        self._forget_static()
         self._by_free[node.free_guaranteed].pop(name, None)
         for owner in list(self._allocations):
             kept = [a for a in self._allocations[owner] if a.node != name]
@@ -143,9 +149,27 @@ class Cluster:
             found = self._static[key] = make()
         return cast(T, found)
 
+    def kept_for(self, kind: str, owner: object, make: Callable[[], T]) -> T:
+        """kept_while_nodes_stand for what depends on one object (a gang) alone, found by its
+        identity instead of by hashing it: a replay visits every waiting gang at every cycle,
+        and hashing each one's request was a third of a backlog pinned to a rare GPU model
+        (#39). The owner is kept with it, so its identity cannot pass to another object."""
+        key = (kind, id(owner))
+        found = self._static.get(key)
+        if found is None or found[0] is not owner:
+            if len(self._static) >= MAX_KEPT:
+                # Owners come and go (each pass of the operator parses its jobs afresh).
+                self._forget_static()
+            found = self._static[key] = (owner, make())
+        return cast(T, found[1])
+
+    def _forget_static(self) -> None:
+        self._static.clear()
+        self.static_generation += 1
+
     def nodes_edited(self) -> None:
         """A node's labels, taints or schedulability changed in place."""
-        self._static.clear()
+        self._forget_static()
 
     def touch(self, name: str) -> None:
         """The node's measured state (GPU utilization, memory in use) changed in place: what

@@ -23,10 +23,9 @@ from dataclasses import replace
 
 from gangshare.core.backfill import Reservation
 from gangshare.core.cluster import Cluster
-from gangshare.core.constraints import PodConstraints
 from gangshare.core.gang import GangPlan, Unschedulable, apply_plan, never_fits, plan_gang
 from gangshare.core.held import avoiding, gpus_by_node
-from gangshare.core.job import GangRequest, PodSet, ServiceClass, Topology
+from gangshare.core.job import GangRequest, ServiceClass, Topology
 from gangshare.core.lane_pick import LanePicker
 from gangshare.core.queueing import (
     QueuedJob,
@@ -55,11 +54,6 @@ __all__ = [
     "Preemption",
     "Reservation",
     "schedule_cycle",
-]
-
-
-ShapeKey = tuple[
-    ServiceClass, int, Topology, str | None, int | None, PodConstraints, tuple[PodSet, ...]
 ]
 
 
@@ -142,10 +136,8 @@ class _Cycle:
         self.usage = book.guaranteed
         self.result = CycleResult()
         # The cluster only fills up during a cycle, so a shape that failed keeps failing.
-        self.failed_shapes: dict[ShapeKey, tuple[int, str]] = {}
-        # Shape and workers -> why it can never fit (None: it could), judged once per cycle.
-        # Each gang's shape verdict by identity: hashing the shape for every visit was a cost.
-        self.never: dict[int, tuple[GangRequest, str | None]] = {}
+        # (shape, topology as it stands) -> the fewest workers that failed, and why.
+        self.failed_shapes: dict[tuple[object, Topology], tuple[int, str]] = {}
         self.reserving = ReservationBook(
             cluster, running, policy, now, self.usage, self.result.reservations
         )
@@ -175,24 +167,23 @@ class _Cycle:
         """Why waiting cannot help the job (policy or shape, judged once per shape while the
         nodes stand: it depends on what they are, not on what runs there); None."""
         gang = job.gang
-        known = self.never.get(id(gang))
-        if known is None or known[0] is not gang:
-            key: tuple[object, ...] = (
-                "never-fits",
-                gang.service_class,
-                gang.workers,
-                gang.gpus_per_worker,
-                gang.topology,
-                gang.gpu_model,
-                gang.gpu_memory_mib,
-                gang.constraints,
-                gang.companions,
-            )
-            [why] = self.cluster.kept_while_nodes_stand(
-                key, lambda: [never_fits(self.cluster, gang)]
-            )
-            known = self.never[id(gang)] = (gang, why)
-        return policy_refusal(self.policy, job) or known[1]
+        why = self.cluster.kept_for("never-fits", gang, lambda: self._never_fits(gang))
+        return policy_refusal(self.policy, job) or why
+
+    def _never_fits(self, gang: GangRequest) -> str | None:
+        key = (
+            "never-fits",
+            gang.service_class,
+            gang.workers,
+            gang.gpus_per_worker,
+            gang.topology,
+            gang.gpu_model,
+            gang.gpu_memory_mib,
+            gang.constraints,
+            gang.companions,
+        )
+        [why] = self.cluster.kept_while_nodes_stand(key, lambda: [never_fits(self.cluster, gang)])
+        return why
 
     def mark_if_inadmissible(self, job: QueuedJob) -> bool:
         """Record the job as Inadmissible when waiting cannot help it; True if so."""
@@ -253,7 +244,11 @@ class _Cycle:
         GPUs: still a borrower, reclaimed first, but never squeezed onto share slots."""
         if job.gang.whole_gpus:
             return not self._place(job, job.gang, borrowed=True)
-        opportunistic = replace(job.gang, service_class=ServiceClass.OPPORTUNISTIC)
+        opportunistic = self.cluster.kept_for(
+            "opportunistic",
+            job.gang,
+            lambda: replace(job.gang, service_class=ServiceClass.OPPORTUNISTIC),
+        )
         return not self._place(job, opportunistic, borrowed=True)
 
     def _in_cohort(self, queue: str) -> bool:
@@ -272,7 +267,7 @@ class _Cycle:
     def _place_away(self, job: QueuedJob, nodes: frozenset[str]) -> bool:
         """Admit the job on nodes none of the heads it would delay can run on; False (and
         nothing recorded) when it fits on none of them."""
-        plan = self._plan(job, avoiding(job.gang, nodes))
+        plan = self._plan(job, self._kept_off(job.gang, nodes))
         if isinstance(plan, str):
             return False
         self._assume(job, job.gang, plan, borrowed=False)
@@ -281,15 +276,7 @@ class _Cycle:
     def _plan(self, job: QueuedJob, gang: GangRequest) -> GangPlan | str:
         """The gang's plan, or why it does not fit now."""
         waited = max(0.0, self.now - job.submitted_at)
-        shape: ShapeKey = (
-            gang.service_class,
-            gang.gpus_per_worker,
-            gang.topology.effective(waited),
-            gang.gpu_model,
-            gang.gpu_memory_mib,
-            gang.constraints,
-            gang.companions,
-        )
+        shape = (self._shape_of(gang), gang.topology.effective(waited))
         known = self.failed_shapes.get(shape)
         if known is not None and gang.workers >= known[0]:
             return known[1] + holding_out(gang, waited)
@@ -300,6 +287,35 @@ class _Cycle:
                 self.failed_shapes[shape] = (gang.workers, plan.reason)
             return plan.reason + holding_out(gang, waited)
         return plan
+
+    def _shape_of(self, gang: GangRequest) -> object:
+        """A token for all that decides where a gang's worker fits but the number of workers
+        and the topology, one per such shape while the nodes stand: found by the gang's
+        identity, as hashing its shape at every visit was a cost (#39). The gangs the cycle
+        plans are kept (its jobs', and those made of them by _kept_off and _borrow)."""
+        return self.cluster.kept_for("shape", gang, lambda: self._shape_token(gang))
+
+    def _shape_token(self, gang: GangRequest) -> object:
+        key = (
+            "shape",
+            gang.service_class,
+            gang.gpus_per_worker,
+            gang.gpu_model,
+            gang.gpu_memory_mib,
+            gang.constraints,
+            gang.companions,
+        )
+        return self.cluster.kept_while_nodes_stand(key, object)
+
+    def _kept_off(self, gang: GangRequest, nodes: frozenset[str]) -> GangRequest:
+        """The gang kept off `nodes` (core/held.avoiding), kept while the nodes stand."""
+        known: dict[frozenset[str], GangRequest] = self.cluster.kept_for("kept-off", gang, dict)
+        found = known.get(nodes)
+        if found is None:
+            if len(known) >= 16:
+                known.clear()  # the heads it avoids come and go
+            found = known[nodes] = avoiding(gang, nodes)
+        return found
 
     def _assume(self, job: QueuedJob, gang: GangRequest, plan: GangPlan, borrowed: bool) -> None:
         apply_plan(self.cluster, gang, plan)

@@ -45,6 +45,20 @@ def usable_nodes(cluster: Cluster, worker: WorkerRequest) -> Nodes:
     return None if len(usable) == len(cluster.nodes) else usable
 
 
+def nodes_for(cluster: Cluster, gang: GangRequest) -> Nodes:
+    """Where the gang's head worker could ever run, kept by the gang's identity while the
+    nodes stand (node filters do not change in between)."""
+    return cluster.kept_for("nodes-for", gang, lambda: _nodes_for(cluster, head_worker(gang)))
+
+
+def _nodes_for(cluster: Cluster, worker: WorkerRequest) -> Nodes:
+    # A one-element box: None (every node) is a value worth keeping too.
+    [usable] = cluster.kept_while_nodes_stand(
+        ("usable-nodes", worker), lambda: [usable_nodes(cluster, worker)]
+    )
+    return usable
+
+
 def avoiding(gang: GangRequest, nodes: frozenset[str]) -> GangRequest:
     """The gang kept off `nodes`, as a required node affinity on the node's name: the planner
     then judges every other node exactly as it would for the gang itself."""
@@ -113,15 +127,6 @@ class HeldGpus:
         self._by_queue: dict[str, list[Ending]] | None = None
         # Bumped by every admission: what was computed from these counts holds until then.
         self.version = 0
-
-    def nodes_for(self, gang: GangRequest) -> Nodes:
-        """Where the gang could ever run (kept per request: node filters do not change)."""
-        worker = head_worker(gang)
-        # A one-element box: None (every node) is a value worth keeping too.
-        [usable] = self.cluster.kept_while_nodes_stand(
-            ("usable-nodes", worker), lambda: [usable_nodes(self.cluster, worker)]
-        )
-        return usable
 
     def free(self, nodes: Nodes) -> int:
         return self._scope(nodes).free

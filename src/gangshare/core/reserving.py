@@ -22,8 +22,8 @@ from gangshare.core.backfill import (
     used_at,
 )
 from gangshare.core.cluster import Cluster
-from gangshare.core.held import HeldGpus, Nodes
-from gangshare.core.job import GangRequest, ServiceClass
+from gangshare.core.held import HeldGpus, Nodes, nodes_for
+from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
 
 
@@ -51,9 +51,6 @@ class ReservationBook:
         self.held = HeldGpus(cluster, running, now, policy.default_runtime_seconds)
         # Lanes whose first quota-blocked job reserved in this cycle.
         self._quota_lanes: set[tuple[str, str, str]] = set()
-        # Each gang's nodes by identity (hashing its worker request at every block was a
-        # tenth of a backlog pinned to a rare GPU model, #39).
-        self._nodes_of: dict[int, tuple[GangRequest, Nodes]] = {}
         # (nodes, GPUs) -> HeldGpus.version when a head of that size last asked for a GPU
         # reservation there: until the next admission, another such head would get the same
         # start and spare, which the first one's (or one dominating it) already covers.
@@ -87,7 +84,7 @@ class ReservationBook:
         expected ends free it: GPUs, and its queue's quota when that is what blocks it."""
         # Only GPUs on nodes it can run on: others neither bring its start nearer nor are
         # kept from jobs that can use them.
-        nodes = self._nodes_for(head.gang)
+        nodes = nodes_for(self.held.cluster, head.gang)
         if not quota_blocked:
             asked = (nodes, head.gpus)
             if self._gpu_reserved.get(asked) == self.held.version:
@@ -137,9 +134,3 @@ class ReservationBook:
     def _starving(self, job: QueuedJob) -> bool:
         bound = self.policy.starvation_seconds
         return bound is not None and self.now - job.submitted_at >= bound
-
-    def _nodes_for(self, gang: GangRequest) -> Nodes:
-        known = self._nodes_of.get(id(gang))
-        if known is None or known[0] is not gang:
-            known = self._nodes_of[id(gang)] = (gang, self.held.nodes_for(gang))
-        return known[1]

@@ -26,6 +26,7 @@ from gangshare.core import Cluster, ServiceClass
 from gangshare.core.cycle import CycleResult, schedule_cycle
 from gangshare.core.queueing import QueuePolicy, RunningJob
 from gangshare.core.queues import CohortBook
+from gangshare.sim.full_nodes import FullNodes
 from gangshare.sim.pending import PendingIndex
 
 
@@ -111,5 +112,7 @@ def decide(
     if borrowed is None:
         borrowed = borrowed_usage(running)
     rooms = borrow_room(policy, usage, borrowed)
-    jobs = pending.candidates(free_gpus, quota_headroom(policy, usage), share_slots, rooms)
+    competing = policy.fair_share or any(spec.cohort for spec in policy.queues.values())
+    full = None if competing else FullNodes(cluster)
+    jobs = pending.candidates(free_gpus, quota_headroom(policy, usage), share_slots, rooms, full)
     return schedule_cycle(cluster, jobs, list(running), policy, now)

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy
+from gangshare.sim.full_nodes import FullNodes
 
 LaneKey = tuple[str, str, str]
 SortKey = tuple[object, ...]
@@ -48,6 +49,8 @@ class PendingIndex:
         # job as last handed out: rebuilt only when its estimate moved.
         self._estimates: dict[tuple[str, int], float] = {}
         self._handed: dict[str, QueuedJob] = {}
+        # Each job's nodes and repeat key (candidates' `on_full_nodes`), kept while they hold.
+        self._full_keys: dict[str, tuple[QueuedJob, int, frozenset[str] | None, object]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -79,6 +82,7 @@ class PendingIndex:
 
     def remove(self, key: str) -> QueuedJob:
         lane, part, order = self._where.pop(key)
+        self._full_keys.pop(key, None)
         parts = self._parts[lane]
         keys, jobs = parts[part]
         at = bisect_left(keys, order)
@@ -157,6 +161,7 @@ class PendingIndex:
         headroom: Mapping[str, int],
         share_slots: int,
         borrow_room: Mapping[str, int] | None = None,
+        on_full_nodes: FullNodes | None = None,
     ) -> list[QueuedJob]:
         """The jobs a cycle must see to reach exactly the decisions it would reach on all of them.
 
@@ -178,6 +183,14 @@ class PendingIndex:
           job of the lane beyond both is kept: the first job a lane's quota blocks
           reserves that quota (core.cycle, EASY backfill), which refuses the jobs behind
           it that would not end before the reservation.
+        - `on_full_nodes` (given only where no lanes compete: no fair share, no cohorts):
+          for a guaranteed job that runs only on some nodes, none of which has a GPU free
+          for guaranteed work, a token of its shape on those nodes. Such a job is refused
+          in this cycle, and no guaranteed admission changes what those nodes hold, so of
+          the jobs of a lane without a quota that share a token, GPUs, priorities and
+          estimate, all but the first are refused exactly as it is and reserve what it
+          reserved (core/reserving.py: kept per nodes and GPUs, else dominated): only the
+          first is kept. A backlog pinned to a rare GPU model was most of a cycle (#39).
         """
         self._estimates.clear()
         rooms = borrow_room or {}
@@ -193,7 +206,13 @@ class PendingIndex:
                 in_cohort = lane[0] in rooms
                 skipped: QueuedJob | None = None
                 reserver_kept = False
+                repeats = _Repeats(
+                    on_full_nodes if room == UNLIMITED else None, self._full_keys, self.predict
+                )
+                repeats.is_repeat(kept[0])
                 for job in queued:
+                    if repeats.is_repeat(job):
+                        continue
                     if job.gpus <= room or job.gpus <= borrow:
                         if skipped is not None:
                             kept.append(skipped)
@@ -214,3 +233,48 @@ class PendingIndex:
                 if used > bound:
                     break
         return chosen
+
+
+class _Repeats:
+    """Which jobs of a lane repeat an earlier one's visit to full nodes (see candidates)."""
+
+    def __init__(
+        self,
+        full: FullNodes | None,
+        keys: dict[str, tuple[QueuedJob, int, frozenset[str] | None, object]],
+        predict: Callable[[str, int], float] | None,
+    ) -> None:
+        self._full = full
+        self._keys = keys
+        # With predictions, a job's estimate is its queue's and GPU count's.
+        self._own_estimates = predict is None
+        self._seen: set[object] = set()
+
+    def is_repeat(self, job: QueuedJob) -> bool:
+        full = self._full
+        if full is None:
+            return False
+        known = self._keys.get(job.key)
+        if known is None or known[0] is not job or known[1] != full.generation:
+            known = self._keys[job.key] = self._key_of(full, job)
+        nodes, key = known[2], known[3]
+        if nodes is None or not full.full(nodes):
+            return False
+        if key in self._seen:
+            return True
+        self._seen.add(key)
+        return False
+
+    def _key_of(
+        self, full: FullNodes, job: QueuedJob
+    ) -> tuple[QueuedJob, int, frozenset[str] | None, object]:
+        if job.service_class is not ServiceClass.GUARANTEED:
+            return job, full.generation, None, None
+        nodes, shape = full.where(job.gang)
+        estimate = job.runtime_estimate if self._own_estimates else None
+        return (
+            job,
+            full.generation,
+            nodes,
+            (shape, job.gpus, job.priority, job.pod_priority, estimate),
+        )

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simkit import OPP, job, setup, simulate
 
+import gangshare.sim.decide as decide_module
 import gangshare.sim.engine as engine
 from gangshare.core import Cluster, GangRequest, Gpu, NodeState, ServiceClass
 from gangshare.core.cycle import PendingKind, schedule_cycle
@@ -38,10 +39,12 @@ def snapshots(draw):
     nodes = []
     for i in range(draw(st.integers(1, 6))):
         gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        # A rarer model too: jobs pinned to it pile up on full nodes (#39).
+        model = draw(st.sampled_from(["H100", "H100", "A10"]))
         nodes.append(
             NodeState.build(
                 f"n{i}",
-                [Gpu(g, f"u{i}-{g}", "H100", 24576) for g in range(gpus)],
+                [Gpu(g, f"u{i}-{g}", model, 24576) for g in range(gpus)],
                 draw(st.sampled_from(LAYOUTS[gpus])),
                 rack=f"r{draw(st.integers(0, 1))}",
             )
@@ -64,7 +67,7 @@ def snapshots(draw):
                 running.append(RunningJob(owner, queue, 1, cls))
             gpu.utilization = draw(st.sampled_from([None, 0.0, 0.3, 0.9]))
     pending = []
-    for i in range(draw(st.integers(0, 25))):
+    for i in range(draw(st.integers(0, 40))):
         opportunistic = draw(st.booleans())
         gang = GangRequest(
             f"p{i:02d}",
@@ -72,6 +75,7 @@ def snapshots(draw):
             gpus_per_worker=draw(st.sampled_from([1, 1, 2, 4, 8])),
             service_class=ServiceClass.OPPORTUNISTIC if opportunistic else ServiceClass.GUARANTEED,
             gpu_memory_mib=draw(st.sampled_from([2000, 9000])) if opportunistic else None,
+            gpu_model=draw(st.sampled_from([None, None, "A10"])),
         )
         pending.append(
             QueuedJob(
@@ -127,6 +131,7 @@ def test_decide_plans_what_the_operators_cycle_plans(snapshot):
     got = decide(simulator_view, index, running, policy, 25.0)
     assert plans(got) == plans(expected)
     assert allocations(simulator_view) == allocations(operator_view)
+    assert got.reservations == expected.reservations
 
 
 @pytest.mark.parametrize(
@@ -184,3 +189,99 @@ def test_a_job_its_quota_blocks_behind_the_head_is_handed_to_the_cycle_for_its_r
     got = decide(copy.deepcopy(cluster), index, running, policy, 25.0)
     assert [a.job.key for a in expected.admitted] == ["p00"]
     assert plans(got) == plans(expected)
+
+
+@st.composite
+def rare_model_backlogs(draw):
+    """A backfill cluster whose rarer model is mostly held by guaranteed work, and a backlog
+    in which many jobs alike are pinned to it (#39)."""
+    nodes = [
+        NodeState.build(
+            f"{model}{i}", [Gpu(g, f"u{model}{i}-{g}", model, 24576) for g in range(4)], []
+        )
+        for model, count in (("H100", draw(st.integers(1, 3))), ("A10", draw(st.integers(1, 2))))
+        for i in range(count)
+    ]
+    cluster = Cluster(nodes)
+    running = []
+    for node in nodes:
+        for gpu in node.gpus:
+            full = node.name.startswith("A10") and draw(st.integers(0, 5)) > 0
+            if full or draw(st.booleans()):
+                owner = f"run-{node.name}-{gpu.index}"
+                cluster.allocate(owner, "w", node.name, (gpu.index,), ServiceClass.GUARANTEED)
+                end = draw(st.sampled_from([None, 50.0, 500.0]))
+                running.append(RunningJob(owner, "a", 1, ServiceClass.GUARANTEED, end))
+    pending = []
+    for i in range(draw(st.integers(1, 40))):
+        gang = GangRequest(
+            f"p{i:02d}",
+            workers=draw(st.sampled_from([1, 1, 2])),
+            gpus_per_worker=draw(st.sampled_from([1, 1, 2])),
+            gpu_model=draw(st.sampled_from(["A10", "A10", None])),
+        )
+        pending.append(
+            QueuedJob(
+                gang.owner,
+                gang,
+                submitted_at=float(draw(st.integers(0, 20))),
+                queue=draw(st.sampled_from(QUEUES)),
+                priority=draw(st.integers(0, 1)),
+                runtime_estimate=draw(st.sampled_from([100.0, 1000.0])),
+            )
+        )
+    policy = QueuePolicy(
+        ordering=draw(st.sampled_from(list(Ordering))),
+        small_job_max_gpus=draw(st.sampled_from([None, 2])),
+        backfill=True,
+        quotas={"c": draw(st.integers(0, 6))} if draw(st.booleans()) else {},
+    )
+    predict = draw(st.sampled_from([None, lambda queue, gpus: 30.0 * gpus]))
+    return cluster, running, pending, policy, predict
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rare_model_backlogs())
+def test_a_cycle_handed_one_of_each_kind_of_job_pinned_to_full_nodes_decides_the_same(snapshot):
+    cluster, running, pending, policy, predict = snapshot
+    pending = [q for q in pending if never_fits(cluster, q.gang) is None]
+    seen = [
+        q if predict is None else replace(q, runtime_estimate=predict(q.queue, q.gpus))
+        for q in pending
+    ]
+    operator_view, simulator_view = copy.deepcopy(cluster), copy.deepcopy(cluster)
+    expected = schedule_cycle(operator_view, seen, list(running), policy, 25.0)
+    index = PendingIndex(policy, predict)
+    for queued in pending:
+        index.add(queued)
+    got = decide(simulator_view, index, running, policy, 25.0)
+    assert plans(got) == plans(expected)
+    assert allocations(simulator_view) == allocations(operator_view)
+    assert got.reservations == expected.reservations
+
+
+def test_of_jobs_alike_pinned_to_full_nodes_a_cycle_is_handed_the_first(monkeypatch):
+    nodes = [
+        NodeState.build(name, [Gpu(g, f"u{name}-{g}", model, 24576) for g in range(4)], [])
+        for name, model in (("common", "H100"), ("rare", "A10"))
+    ]
+    cluster = Cluster(nodes)
+    cluster.allocate("run", "w", "rare", (0, 1, 2, 3), ServiceClass.GUARANTEED)
+    running = [RunningJob("run", "a", 4, ServiceClass.GUARANTEED, expected_end=500.0)]
+    policy = QueuePolicy(backfill=True)
+    index = PendingIndex(policy)
+    for i in range(10):
+        gang = GangRequest(f"p{i}", workers=1, gpus_per_worker=1, gpu_model="A10" if i else None)
+        index.add(QueuedJob(gang.owner, gang, submitted_at=float(i), runtime_estimate=100.0))
+    handed = []
+
+    def cycle(cluster, pending, running, policy, now):
+        handed.extend(job.key for job in pending)
+        return schedule_cycle(cluster, pending, running, policy, now)
+
+    monkeypatch.setattr(decide_module, "schedule_cycle", cycle)
+    got = decide(copy.deepcopy(cluster), index, running, policy, 25.0)
+    assert handed == ["p0", "p1"]  # the free one, and the first of the nine pinned alike
+    assert [a.job.key for a in got.admitted] == ["p0"]
+    [reserved] = got.reservations
+    assert reserved.head == "p1" and reserved.nodes == frozenset({"rare"})
