@@ -171,17 +171,7 @@ class _Cycle:
         return policy_refusal(self.policy, job) or why
 
     def _never_fits(self, gang: GangRequest) -> str | None:
-        key = (
-            "never-fits",
-            gang.service_class,
-            gang.workers,
-            gang.gpus_per_worker,
-            gang.topology,
-            gang.gpu_model,
-            gang.gpu_memory_mib,
-            gang.constraints,
-            gang.companions,
-        )
+        key = ("never-fits", *gang.fit_shape)
         [why] = self.cluster.kept_while_nodes_stand(key, lambda: [never_fits(self.cluster, gang)])
         return why
 

@@ -164,6 +164,21 @@ class GangRequest:
         return self.workers * self.gpus_per_worker + sum(p.count * p.gpus for p in self.companions)
 
     @property
+    def fit_shape(self) -> tuple[object, ...]:
+        """All of the gang that decides whether and where it fits (never_fits and the
+        planner see no more), for keeping a verdict shared by gangs alike."""
+        return (
+            self.service_class,
+            self.workers,
+            self.gpus_per_worker,
+            self.topology,
+            self.gpu_model,
+            self.gpu_memory_mib,
+            self.constraints,
+            self.companions,
+        )
+
+    @property
     def pod_count(self) -> int:
         return self.workers + sum(p.count for p in self.companions)
 

@@ -43,17 +43,5 @@ class FullNodes:
 
 def _shape_token(cluster: Cluster, gang: GangRequest) -> object:
     # All that never_fits and the planner see of the gang, and where it may run.
-    key = (
-        "full-nodes-shape",
-        nodes_for(cluster, gang),
-        gang.service_class,
-        gang.workers,
-        gang.gpus_per_worker,
-        gang.topology,
-        gang.gpu_model,
-        gang.gpu_memory_mib,
-        gang.constraints,
-        gang.companions,
-        gang.whole_gpus,
-    )
+    key = ("full-nodes-shape", nodes_for(cluster, gang), gang.whole_gpus, *gang.fit_shape)
     return cluster.kept_while_nodes_stand(key, object)

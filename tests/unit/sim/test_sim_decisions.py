@@ -34,6 +34,23 @@ def plans(result):
     return [(a.job.key, a.plan) for a in result.admitted]
 
 
+def assert_decide_is_the_cycle(cluster, running, pending, policy, predict):
+    """decide, on the index, plans and reserves what the operator's cycle does on every job."""
+    operator_view, simulator_view = copy.deepcopy(cluster), copy.deepcopy(cluster)
+    seen = [
+        q if predict is None else replace(q, runtime_estimate=predict(q.queue, q.gpus))
+        for q in pending
+    ]
+    expected = schedule_cycle(operator_view, seen, list(running), policy, 25.0)
+    index = PendingIndex(policy, predict)
+    for queued in pending:
+        index.add(queued)
+    got = decide(simulator_view, index, running, policy, 25.0)
+    assert plans(got) == plans(expected)
+    assert allocations(simulator_view) == allocations(operator_view)
+    assert got.reservations == expected.reservations
+
+
 @st.composite
 def snapshots(draw):
     nodes = []
@@ -119,19 +136,7 @@ def test_decide_plans_what_the_operators_cycle_plans(snapshot):
     everything = schedule_cycle(copy.deepcopy(cluster), list(drawn), list(running), policy, 25.0)
     inadmissible = {p.job.key for p in everything.pending if p.kind is PendingKind.INADMISSIBLE}
     assert inadmissible == {q.key for q in drawn} - {q.key for q in pending}
-    operator_view, simulator_view = copy.deepcopy(cluster), copy.deepcopy(cluster)
-    seen = [
-        q if predict is None else replace(q, runtime_estimate=predict(q.queue, q.gpus))
-        for q in pending
-    ]
-    expected = schedule_cycle(operator_view, seen, list(running), policy, 25.0)
-    index = PendingIndex(policy, predict)
-    for queued in pending:
-        index.add(queued)
-    got = decide(simulator_view, index, running, policy, 25.0)
-    assert plans(got) == plans(expected)
-    assert allocations(simulator_view) == allocations(operator_view)
-    assert got.reservations == expected.reservations
+    assert_decide_is_the_cycle(cluster, running, pending, policy, predict)
 
 
 @pytest.mark.parametrize(
@@ -245,19 +250,7 @@ def rare_model_backlogs(draw):
 def test_a_cycle_handed_one_of_each_kind_of_job_pinned_to_full_nodes_decides_the_same(snapshot):
     cluster, running, pending, policy, predict = snapshot
     pending = [q for q in pending if never_fits(cluster, q.gang) is None]
-    seen = [
-        q if predict is None else replace(q, runtime_estimate=predict(q.queue, q.gpus))
-        for q in pending
-    ]
-    operator_view, simulator_view = copy.deepcopy(cluster), copy.deepcopy(cluster)
-    expected = schedule_cycle(operator_view, seen, list(running), policy, 25.0)
-    index = PendingIndex(policy, predict)
-    for queued in pending:
-        index.add(queued)
-    got = decide(simulator_view, index, running, policy, 25.0)
-    assert plans(got) == plans(expected)
-    assert allocations(simulator_view) == allocations(operator_view)
-    assert got.reservations == expected.reservations
+    assert_decide_is_the_cycle(cluster, running, pending, policy, predict)
 
 
 def test_of_jobs_alike_pinned_to_full_nodes_a_cycle_is_handed_the_first(monkeypatch):
