@@ -119,6 +119,10 @@ def _schedule(
     return cycle.result
 
 
+# What a cycle's judgement of a job reads, by when it last changed (see _Cycle._state).
+_State = tuple[int, int, int]
+
+
 class _Cycle:
     def __init__(
         self,
@@ -136,8 +140,13 @@ class _Cycle:
         self.usage = book.guaranteed
         self.result = CycleResult()
         # The cluster only fills up during a cycle, so a shape that failed keeps failing.
+        # A kind of job (_kind_of) -> the state it was last refused in, and how.
+        self._refused: dict[
+            tuple[object, ...], tuple[tuple[int, int, int], PendingKind, str, bool]
+        ] = {}
         # (shape, topology as it stands) -> the fewest workers that failed, and why.
         self.failed_shapes: dict[tuple[object, Topology], tuple[int, str]] = {}
+        self._shapes_failed = 0
         self.reserving = ReservationBook(
             cluster, running, policy, now, self.usage, self.result.reservations
         )
@@ -184,7 +193,46 @@ class _Cycle:
         return True
 
     def consider(self, job: QueuedJob) -> bool:
-        """Admit the job if it may run now; True when it stays blocked (and blocks its lane)."""
+        """Admit the job if it may run now; True when it stays blocked (and blocks its lane).
+
+        A job refused exactly as one alike just was, with nothing changed since, is refused
+        with its reason at once: a backlog of jobs alike waiting for a few nodes was each
+        judged afresh at every cycle (#39)."""
+        kind = self._kind_of(job)
+        if kind is not None:
+            refused = self._refused.get(kind)
+            if refused is not None and refused[0] == self._state():
+                self.result.pending.append(Pending(job, refused[2], refused[1]))
+                return refused[3]
+        before, waiting = self._state(), len(self.result.pending)
+        blocked = self._consider(job)
+        # Kept only when judging it changed nothing (no admission, no reservation of its own):
+        # the next job alike then finds what it found.
+        if kind is not None and self._state() == before and len(self.result.pending) == waiting + 1:
+            told = self.result.pending[-1]
+            self._refused[kind] = (before, told.kind, told.reason, blocked)
+        return blocked
+
+    def _state(self) -> _State:
+        # Within a cycle all that judging a job reads changes with an admission (nodes,
+        # usage, borrowing, what reservations leave to spare), a new reservation, or a shape
+        # that failed (whose reason later gangs of that shape are told).
+        return self.cluster.version, len(self.result.reservations), self._shapes_failed
+
+    def _kind_of(self, job: QueuedJob) -> tuple[object, ...] | None:
+        """All of a job that judging it reads, but its name; None when how long it waited
+        matters too (a topology that relaxes)."""
+        gang = job.gang
+        if gang.topology.relax_after_seconds is not None:
+            return None
+        whole = self.cluster.kept_for("kind", gang, lambda: self._kind_token(gang))
+        return (whole, job.queue, job.priority, job.pod_priority, job.runtime_estimate)
+
+    def _kind_token(self, gang: GangRequest) -> object:
+        key = ("kind", *gang.fit_shape, gang.whole_gpus, gang.worker_set)
+        return self.cluster.kept_while_nodes_stand(key, object)
+
+    def _consider(self, job: QueuedJob) -> bool:
         if self.mark_if_inadmissible(job):
             return False
         quota = self._quota_reason(job)
@@ -275,6 +323,7 @@ class _Cycle:
             # The shape's reason is shared; how long each job still holds out is its own.
             if known is None or gang.workers < known[0]:
                 self.failed_shapes[shape] = (gang.workers, plan.reason)
+                self._shapes_failed += 1
             return plan.reason + holding_out(gang, waited)
         return plan
 

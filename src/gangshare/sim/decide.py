@@ -34,6 +34,14 @@ def free_guaranteed_gpus(cluster: Cluster) -> int:
     return sum(node.free_guaranteed for node in cluster.nodes.values())
 
 
+def full_nodes_of(cluster: Cluster, policy: QueuePolicy) -> FullNodes | None:
+    """Nodes full for guaranteed work, where no lanes compete (no fair share, no cohorts):
+    PendingIndex leaves out repeats of jobs pinned to them (see its candidates)."""
+    if policy.fair_share or any(spec.cohort for spec in policy.queues.values()):
+        return None
+    return FullNodes(cluster)
+
+
 def free_share_slots(cluster: Cluster) -> int:
     return sum(
         gpu.free_share_slots()
@@ -112,7 +120,6 @@ def decide(
     if borrowed is None:
         borrowed = borrowed_usage(running)
     rooms = borrow_room(policy, usage, borrowed)
-    competing = policy.fair_share or any(spec.cohort for spec in policy.queues.values())
-    full = None if competing else FullNodes(cluster)
+    full = full_nodes_of(cluster, policy)
     jobs = pending.candidates(free_gpus, quota_headroom(policy, usage), share_slots, rooms, full)
     return schedule_cycle(cluster, jobs, list(running), policy, now)

@@ -56,7 +56,7 @@ from gangshare.sim.colocation import ColocationModel
 
 # Re-exported: importers have long named SimConfig from here (its defaults: sim.config).
 from gangshare.sim.config import SimConfig
-from gangshare.sim.decide import borrow_room, decide
+from gangshare.sim.decide import borrow_room, decide, full_nodes_of
 from gangshare.sim.evictions import Counters, Evictions, JobState, RequeueRecorder
 from gangshare.sim.ledger import GpuId, GpuLedger
 from gangshare.sim.metrics import JobRecord, TimeSeries
@@ -292,7 +292,8 @@ class Simulation(Evictions):
             return False
         headroom = self._headroom()
         room = borrow_room(self.queue_policy, self.usage, self.borrowed)
-        return any(self.pending.may_start(q, self.free_gpus, headroom, room) for q in arrived)
+        full = full_nodes_of(self.cluster, self.queue_policy)
+        return any(self.pending.may_start(q, self.free_gpus, headroom, room, full) for q in arrived)
 
     def _cycles(self, now: float) -> None:
         for _ in range(MAX_CYCLES_PER_INSTANT):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from gangshare.core import Cluster
 from gangshare.core.held import nodes_for
 from gangshare.core.job import GangRequest
+from gangshare.core.queueing import QueuedJob
 
 
 class FullNodes:
@@ -32,6 +33,11 @@ class FullNodes:
         return cluster.kept_for(
             "full-nodes", gang, lambda: (nodes_for(cluster, gang), _shape_token(cluster, gang))
         )
+
+    def holds_back(self, job: QueuedJob) -> bool:
+        """Whether the job can run only on nodes with no GPU free for guaranteed work."""
+        nodes, _ = self.where(job.gang)
+        return nodes is not None and self.full(nodes)
 
     def full(self, nodes: frozenset[str]) -> bool:
         free = self._free_on.get(nodes)

@@ -23,10 +23,12 @@ from dataclasses import replace
 from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy
 from gangshare.sim.full_nodes import FullNodes
+from gangshare.sim.pinned_lanes import PinnedLanes
 
 LaneKey = tuple[str, str, str]
 SortKey = tuple[object, ...]
 UNLIMITED = float("inf")
+GUARANTEED = ServiceClass.GUARANTEED.value
 
 
 def _keyed(first: object, jobs: list[QueuedJob]) -> Iterator[tuple[SortKey, QueuedJob]]:
@@ -49,8 +51,9 @@ class PendingIndex:
         # job as last handed out: rebuilt only when its estimate moved.
         self._estimates: dict[tuple[str, int], float] = {}
         self._handed: dict[str, QueuedJob] = {}
-        # Each job's nodes and repeat key (candidates' `on_full_nodes`), kept while they hold.
-        self._full_keys: dict[str, tuple[QueuedJob, int, frozenset[str] | None, object]] = {}
+        # Guaranteed lanes grouped by pinned nodes (candidates' `on_full_nodes`): made by the
+        # first cycle given them, then kept up to date.
+        self._pinned: PinnedLanes | None = None
 
     def __len__(self) -> int:
         return len(self._where)
@@ -79,10 +82,13 @@ class PendingIndex:
         jobs.insert(at, job)
         self._where[job.key] = (lane, part, order)
         self.opportunistic += job.service_class is ServiceClass.OPPORTUNISTIC
+        if self._pinned is not None and lane[1] == GUARANTEED:
+            self._pinned.add(lane, order, job)
 
     def remove(self, key: str) -> QueuedJob:
         lane, part, order = self._where.pop(key)
-        self._full_keys.pop(key, None)
+        if self._pinned is not None and lane[1] == GUARANTEED:
+            self._pinned.remove(lane, order, key)
         parts = self._parts[lane]
         keys, jobs = parts[part]
         at = bisect_left(keys, order)
@@ -127,6 +133,23 @@ class PendingIndex:
         for _, job in heapq.merge(*streams, key=lambda item: item[0]):
             yield job
 
+    def _grouped(self, full: FullNodes | None) -> PinnedLanes | None:
+        """The guaranteed lanes grouped by pinned nodes, as of `full`'s nodes; None when not
+        asked for, or under an order that moves with the estimates."""
+        if full is None or self._live_order:
+            return None
+        kept = self._pinned
+        if (
+            kept is None
+            or kept.full.cluster is not full.cluster
+            or kept.generation != full.generation
+        ):
+            kept = self._pinned = PinnedLanes(full, own_estimates=self.predict is None)
+            kept.fill(
+                (lane, *parts[0]) for lane, parts in self._parts.items() if lane[1] == GUARANTEED
+            )
+        return kept
+
     def _strict(self, lane: LaneKey) -> bool:
         # The core clears a lane behind a blocked job, except guaranteed lanes under backfill.
         return not (self.policy.backfill and lane[1] == ServiceClass.GUARANTEED.value)
@@ -137,6 +160,7 @@ class PendingIndex:
         free_gpus: int,
         headroom: Mapping[str, int],
         borrow_room: Mapping[str, int] | None = None,
+        full: FullNodes | None = None,
     ) -> bool:
         """False when a just-arrived job certainly stays pending, the rest of the cluster unchanged.
 
@@ -152,6 +176,8 @@ class PendingIndex:
         if job.service_class is ServiceClass.GUARANTEED:
             if job.gpus <= (borrow_room or {}).get(job.queue, 0):
                 return True
+            if full is not None and full.holds_back(job):
+                return False
             return job.gpus <= free_gpus and job.gpus <= headroom.get(job.queue, UNLIMITED)
         return True
 
@@ -190,15 +216,23 @@ class PendingIndex:
           the jobs of a lane without a quota that share a token, GPUs, priorities and
           estimate, all but the first are refused exactly as it is and reserve what it
           reserved (core/reserving.py: kept per nodes and GPUs, else dominated): only the
-          first is kept. A backlog pinned to a rare GPU model was most of a cycle (#39).
+          first is kept. A backlog pinned to a rare GPU model was most of a cycle (#39);
+          visiting all of it to find those firsts was next, so such lanes are kept grouped
+          by pinned nodes and kind (sim/pinned_lanes.py), but under an order that moves
+          with the estimates.
         """
         self._estimates.clear()
         rooms = borrow_room or {}
         chosen: list[QueuedJob] = []
+        pinned = self._grouped(on_full_nodes)
         for lane in self._parts:
             guaranteed = lane[1] == ServiceClass.GUARANTEED.value
             room = headroom.get(lane[0], UNLIMITED) if guaranteed else UNLIMITED
             borrow = min(rooms.get(lane[0], 0), share_slots) if guaranteed else 0
+            if not self._strict(lane) and pinned is not None and room == UNLIMITED:
+                assert on_full_nodes is not None  # for mypy: pinned is made from it
+                chosen.extend(map(self._fresh, pinned.kept(lane, on_full_nodes.full)))
+                continue
             if not self._strict(lane):
                 # Most of a backlogged lane is skipped: only the jobs kept get fresh estimates.
                 queued = self._in_order(lane)
@@ -206,13 +240,7 @@ class PendingIndex:
                 in_cohort = lane[0] in rooms
                 skipped: QueuedJob | None = None
                 reserver_kept = False
-                repeats = _Repeats(
-                    on_full_nodes if room == UNLIMITED else None, self._full_keys, self.predict
-                )
-                repeats.is_repeat(kept[0])
                 for job in queued:
-                    if repeats.is_repeat(job):
-                        continue
                     if job.gpus <= room or job.gpus <= borrow:
                         if skipped is not None:
                             kept.append(skipped)
@@ -233,48 +261,3 @@ class PendingIndex:
                 if used > bound:
                     break
         return chosen
-
-
-class _Repeats:
-    """Which jobs of a lane repeat an earlier one's visit to full nodes (see candidates)."""
-
-    def __init__(
-        self,
-        full: FullNodes | None,
-        keys: dict[str, tuple[QueuedJob, int, frozenset[str] | None, object]],
-        predict: Callable[[str, int], float] | None,
-    ) -> None:
-        self._full = full
-        self._keys = keys
-        # With predictions, a job's estimate is its queue's and GPU count's.
-        self._own_estimates = predict is None
-        self._seen: set[object] = set()
-
-    def is_repeat(self, job: QueuedJob) -> bool:
-        full = self._full
-        if full is None:
-            return False
-        known = self._keys.get(job.key)
-        if known is None or known[0] is not job or known[1] != full.generation:
-            known = self._keys[job.key] = self._key_of(full, job)
-        nodes, key = known[2], known[3]
-        if nodes is None or not full.full(nodes):
-            return False
-        if key in self._seen:
-            return True
-        self._seen.add(key)
-        return False
-
-    def _key_of(
-        self, full: FullNodes, job: QueuedJob
-    ) -> tuple[QueuedJob, int, frozenset[str] | None, object]:
-        if job.service_class is not ServiceClass.GUARANTEED:
-            return job, full.generation, None, None
-        nodes, shape = full.where(job.gang)
-        estimate = job.runtime_estimate if self._own_estimates else None
-        return (
-            job,
-            full.generation,
-            nodes,
-            (shape, job.gpus, job.priority, job.pod_priority, estimate),
-        )

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simkit import OPP, job, setup, simulate
 
+import gangshare.core.cycle as cycle_module
 import gangshare.sim.decide as decide_module
 import gangshare.sim.engine as engine
 from gangshare.core import Cluster, GangRequest, Gpu, NodeState, ServiceClass
@@ -278,3 +279,46 @@ def test_of_jobs_alike_pinned_to_full_nodes_a_cycle_is_handed_the_first(monkeypa
     assert [a.job.key for a in got.admitted] == ["p0"]
     [reserved] = got.reservations
     assert reserved.head == "p1" and reserved.nodes == frozenset({"rare"})
+
+
+def outcome(result):
+    return (
+        plans(result),
+        [(p.job.key, p.kind, p.reason) for p in result.pending],
+        result.reservations,
+        result.preemptions,
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(snapshots(), rare_model_backlogs()))
+def test_a_cycle_that_refuses_jobs_alike_at_once_decides_as_one_that_judges_each(snapshot):
+    cluster, running, pending, policy, _ = snapshot
+    at_once = schedule_cycle(copy.deepcopy(cluster), list(pending), list(running), policy, 25.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cycle_module._Cycle, "_kind_of", lambda self, job: None)
+        each = schedule_cycle(copy.deepcopy(cluster), list(pending), list(running), policy, 25.0)
+    for part, (got, expected) in enumerate(zip(outcome(at_once), outcome(each), strict=True)):
+        if got != expected and part == 1:
+            differ = [(g, e) for g, e in zip(got, expected, strict=True) if g != e]
+            raise AssertionError(f"{policy}: first reasons that differ: {differ[:2]}")
+        assert got == expected, f"part {part}"
+
+
+def test_a_job_alike_to_one_refused_is_told_what_a_smaller_gang_of_its_shape_changed(monkeypatch):
+    """Found by the property above: between two gangs alike, a smaller one of their shape
+    failed, and what the second is told (the shape's reason) moved with it."""
+    cluster = Cluster(
+        [NodeState.build("n0", [Gpu(g, f"u{g}", "H100", 24576) for g in range(2)], [])]
+    )
+    cluster.allocate("run", "w", "n0", (0, 1), ServiceClass.GUARANTEED)
+
+    def queued(key: str, workers: int, at: float) -> QueuedJob:
+        return QueuedJob(key, GangRequest(key, workers=workers, gpus_per_worker=1), submitted_at=at)
+
+    pending = [queued("a", 2, 0.0), queued("b", 1, 1.0), queued("c", 2, 2.0)]
+    policy = QueuePolicy(backfill=True)
+    at_once = schedule_cycle(copy.deepcopy(cluster), list(pending), [], policy, 5.0)
+    monkeypatch.setattr(cycle_module._Cycle, "_kind_of", lambda self, job: None)
+    each = schedule_cycle(copy.deepcopy(cluster), list(pending), [], policy, 5.0)
+    assert [p.reason for p in at_once.pending] == [p.reason for p in each.pending]
