@@ -35,16 +35,20 @@ class FullNodes:
         )
 
     def holds_back(self, job: QueuedJob) -> bool:
-        """Whether the job can run only on nodes with no GPU free for guaranteed work."""
+        """Whether the job can run only on nodes with fewer GPUs free for guaranteed work
+        than it needs."""
         nodes, _ = self.where(job.gang)
-        return nodes is not None and self.full(nodes)
+        return nodes is not None and self._free(nodes) < job.gpus
 
     def full(self, nodes: frozenset[str]) -> bool:
+        return self._free(nodes) == 0
+
+    def _free(self, nodes: frozenset[str]) -> int:
         free = self._free_on.get(nodes)
         if free is None:
             nodes_of = self.cluster.nodes
             free = self._free_on[nodes] = sum(nodes_of[n].free_guaranteed for n in nodes)
-        return free == 0
+        return free
 
 
 def _shape_token(cluster: Cluster, gang: GangRequest) -> object:
