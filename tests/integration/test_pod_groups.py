@@ -117,10 +117,17 @@ def test_a_pod_group_whose_pods_disagree_on_its_size_is_refused_on_its_pods(
         )
         assert "gangshare.io/pod-group-size" in note and "disagree" in note, note
         assert "a says 2" in note and "b says 3" in note, note
-        events = crd.core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=a"
-        ).items
-        assert any(e.reason == "InvalidSpec" for e in events), [e.reason for e in events]
+        # The event is posted after the note (one more request): waited for, not raced.
+        eventually(
+            lambda: any(
+                e.reason == "InvalidSpec"
+                for e in crd.core.list_namespaced_event(
+                    namespace, field_selector="involvedObject.name=a"
+                ).items
+            ),
+            timeout=30,
+            what="an InvalidSpec event on pod a",
+        )
         # Refused, nothing runs: both pods still wait behind the gate.
         for name in ("a", "b"):
             gates = crd.core.read_namespaced_pod(name, namespace).spec.scheduling_gates
