@@ -29,7 +29,9 @@ extender, kube-apiserver, etcd, kube-scheduler and KWOK (each with its descendan
 
 Invariants, checked on every pod event and at the end (exit status 1 if broken): no GPU of a
 node held by two live pods and no node over its GPUs (scale_watch.py); no job lost (every
-TrainingJob created still exists, none Failed; reclaimed borrowers are requeued, not dropped).
+TrainingJob created still exists, none Failed; reclaimed borrowers are requeued, not dropped);
+and no drift found by the operator's snapshot audits (a rebuild from every object every 15 s,
+compared with the snapshot its passes keep from watch changes; counted from its log).
 
     .venv/bin/python bench/scale.py [--nodes 500] [--gpus 8] [--gang-pods 512] [--reclaims 5]
         [--no-big-reclaim] [--json PATH]
@@ -43,6 +45,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import signal
 import statistics
 import subprocess
@@ -67,6 +70,8 @@ from operator_scale import install_crds, server_requests
 from scale_watch import GROUP, VERSION, Observer
 
 SCHEDULER = "scale-sched"
+# Seconds between the operator's snapshot audits in the bench (its default is 120).
+AUDIT_SECONDS = 15.0
 LENDER, BORROWER, COHORT = "scale-lender", "scale-borrower", "scale"
 BACKLOG, BACKLOG_QUOTA = "scale-backlog", 8
 WATCHED = ("kube-apiserver", "etcd", "kwok")
@@ -410,6 +415,8 @@ def start_gangshare(
         "--starvation-seconds=604800",
         "--reclaim-min-runtime=0",
         f"--forecast-period={forecast_period}",
+        # The pass's snapshot is kept from watch changes; a rebuild audits it this often.
+        f"--snapshot-audit-seconds={AUDIT_SECONDS}",
     ]
     children.append(start_operator(cluster, "scale-operator", SCHEDULER, policy))
     pids = {
@@ -449,6 +456,11 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"      {what:<40} {count:>7} ({count / per:.1f} per job)")
     print(f"\nlost jobs: {report['lost'] or 'none'}")
     print(f"GPUs held twice: {report['double_held'] or 'none'}")
+    audits = report.get("audits") or {}
+    print(
+        f"snapshot audits (a rebuild every {AUDIT_SECONDS:.0f} s, compared with the kept "
+        f"snapshot): {audits.get('clean', 0)} without drift, {audits.get('drift', 0)} with"
+    )
 
 
 def fmt(value: Any) -> str:
@@ -506,9 +518,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scale.seen.stop.set()
     finally:
         processes.stop(children)
+        if children:
+            report["audits"] = snapshot_audits(children[2].log)
         cluster.down()
     report["total_s"] = time.perf_counter() - started
     return report
+
+
+def drifted(report: dict[str, Any]) -> bool:
+    return bool((report.get("audits") or {}).get("drift"))
+
+
+def snapshot_audits(operator_log: Path) -> dict[str, int]:
+    """How many audits of the operator's kept snapshot found no drift, how many found some
+    (each logged by operator/standing_view.py)."""
+    text = operator_log.read_text(errors="replace") if operator_log.exists() else ""
+    return {
+        "clean": text.count("snapshot audit: no drift"),
+        "drift": len(re.findall(r"snapshot audit: \d+ difference", text)),
+    }
 
 
 def main() -> None:
@@ -549,7 +577,7 @@ def main() -> None:
     print(f"total {report['total_s']:.0f} s (cluster up {report.get('cluster_up_s', 0):.0f} s)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
-    if report["error"] or report["lost"] or report["double_held"]:
+    if report["error"] or report["lost"] or report["double_held"] or drifted(report):
         print(f"FAILED: {report['error'] or 'invariant broken'}", file=sys.stderr)
         raise SystemExit(1)
 

@@ -2,8 +2,10 @@
 kube-scheduler, KWOK): 100 one-GPU jobs, one 64-pod gang, one reclaim.
 
 It fails if any job is lost (deleted by nobody, or Failed), if any GPU is held by two live
-pods or a node holds more than it has (checked on every pod event), or if a scenario does
-not finish. The figures it prints are not asserted: timings belong to the benchmark.
+pods or a node holds more than it has (checked on every pod event), if a scenario does
+not finish, or if the operator's snapshot audits (a rebuild every 15 s, compared with the
+snapshot its passes keep from watch changes) found drift or never ran. The figures it
+prints are not asserted: timings belong to the benchmark.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def test_small_scale_run_loses_no_job_and_holds_no_gpu_twice(tmp_path: Path) -> 
     assert report["error"] is None, report["error"]
     assert report["lost"] == []
     assert report["double_held"] == []
+    assert report["audits"]["drift"] == 0 and report["audits"]["clean"] >= 1, report["audits"]
     scenarios = report["scenarios"]
     assert list(scenarios) == ["gang", "jobs", "borrowers", "reclaim"]
     assert scenarios["gang"]["pods"] == 64

@@ -56,6 +56,8 @@ class Cluster:
         self._static: dict[Hashable, Any] = {}
         # Bumped whenever what kept_while_nodes_stand and kept_for hold is dropped.
         self.static_generation = 0
+        # Within undone_after: how to undo each allocate and release, in order.
+        self._undo: list[Callable[[], None]] | None = None
         for node in nodes:
             self.add_node(node)
 
@@ -93,6 +95,27 @@ class Cluster:
         twin._changes = dict(self._changes)
         twin.version = self.version
         return twin
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What is kept for the living cluster (by object identity, or for one cycle) means
+        # nothing to a twin in another process (the forecast worker's).
+        return {**self.__dict__, "_kept": None, "_static": {}, "_undo": None}
+
+    @contextmanager
+    def undone_after(self) -> Iterator[None]:
+        """Every allocate and release within the block is undone at its end, latest first:
+        the operator's cycle plans on the cluster it keeps current from watch events
+        (kube/standing.py), whose allocations belong to the ledger alone; the admissions are
+        held again from the jobs' statuses once written."""
+        if self._undo is not None:
+            raise RuntimeError("undone_after does not nest")
+        self._undo = []
+        try:
+            yield
+        finally:
+            steps, self._undo = self._undo, None
+            for step in reversed(steps):
+                step()
 
     def node(self, name: str) -> NodeState:
         return self.nodes[name]
@@ -222,24 +245,36 @@ class Cluster:
         self._reindex(node, before)
         allocation = Allocation(node_name, indices, tenant, taken)
         self._allocations.setdefault(owner, []).append(allocation)
+        if self._undo is not None:
+            self._undo.append(lambda: self._unallocate(owner, allocation))
         return allocation
 
     def release(self, owner: str) -> list[Allocation]:
         """Free everything `owner` holds (a whole gang, or one pod)."""
         released = self._allocations.pop(owner, [])
         self._detach_all(released)
+        self._undo_later(owner, released)
         return released
 
     def release_worker(self, owner: str, worker: str) -> list[Allocation]:
+        return self._release_where(owner, lambda a: a.tenant.worker == worker)
+
+    def release_on_node(self, owner: str, node: str) -> list[Allocation]:
+        """Free what `owner` holds on one node (a claim moved between nodes within one
+        batch is held again on each node separately, in any order)."""
+        return self._release_where(owner, lambda a: a.node == node)
+
+    def _release_where(self, owner: str, chosen: Callable[[Allocation], bool]) -> list[Allocation]:
         kept: list[Allocation] = []
         released: list[Allocation] = []
         for allocation in self._allocations.get(owner, []):
-            (released if allocation.tenant.worker == worker else kept).append(allocation)
+            (released if chosen(allocation) else kept).append(allocation)
         if kept:
             self._allocations[owner] = kept
         else:
             self._allocations.pop(owner, None)
         self._detach_all(released)
+        self._undo_later(owner, released)
         return released
 
     def allocations_of(self, owner: str) -> list[Allocation]:
@@ -247,6 +282,31 @@ class Cluster:
 
     def owners(self) -> list[str]:
         return list(self._allocations)
+
+    # ----- undoing -------------------------------------------------------------
+
+    def _undo_later(self, owner: str, released: list[Allocation]) -> None:
+        if self._undo is not None and released:
+            self._undo.append(lambda: self._reattach(owner, released))
+
+    def _unallocate(self, owner: str, allocation: Allocation) -> None:
+        held = [a for a in self._allocations.get(owner, []) if a is not allocation]
+        if held:
+            self._allocations[owner] = held
+        else:
+            self._allocations.pop(owner, None)
+        self._detach_all([allocation])
+
+    def _reattach(self, owner: str, released: list[Allocation]) -> None:
+        for allocation in released:
+            node = self.nodes.get(allocation.node)
+            if node is None:  # no cycle removes a node; nothing to give back to
+                continue
+            before = node.free_guaranteed
+            self._attach(node, allocation.gpu_indices, allocation.tenant)
+            _add_requests(node, allocation.resources, 1)
+            self._reindex(node, before)
+        self._allocations.setdefault(owner, []).extend(released)
 
     # ----- internals -----------------------------------------------------------
 

@@ -416,7 +416,9 @@ class Ledger:
         """Hold the node's claims again: recorded facts, assumptions, plans, then unrecorded
         facts; if an unrecorded fact finds no room that way, every fact goes first after all."""
         for owner in self._held.pop(node_name, set()):
-            self.cluster.release(owner)
+            # Only here: an owner whose claim moved to another node in the same batch may
+            # already hold there, if that node was held again first.
+            self.cluster.release_on_node(owner, node_name)
         owners = self._by_node.get(node_name, set())
         assumed = [c for c in self._assumed.values() if c.node == node_name]
         claims = [self._claims[o] for o in owners if o not in self._assumed] + assumed

@@ -11,10 +11,12 @@ assumed object is ignored.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -65,9 +67,14 @@ class Store:
         self._indexers = dict(indexers or {})
         self._index: dict[str, dict[str, set[str]]] = {n: {} for n in self._indexers}
         self._lock = threading.Lock()
+        # What changed since the last take_changes: key -> the object now (None: gone). None
+        # until someone follows the changes (the pass's standing snapshot).
+        self._changes: dict[str, dict[str, Any] | None] | None = None
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         with self._lock:
+            if self._changes is not None:
+                self._changes.update(dict.fromkeys(self._objects))  # a relist: all may be gone
             self._objects = {}
             self._index = {n: {} for n in self._indexers}
             for obj in items:
@@ -85,6 +92,8 @@ class Store:
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
         self._objects[key] = obj
+        if self._changes is not None:
+            self._changes[key] = obj
         for name, indexer in self._indexers.items():
             value = indexer(obj)
             if value is not None:
@@ -94,6 +103,8 @@ class Store:
         old = self._objects.pop(key, None)
         if old is None:
             return
+        if self._changes is not None:
+            self._changes[key] = None
         for name, indexer in self._indexers.items():
             value = indexer(old)
             keys = self._index[name].get(value) if value is not None else None
@@ -121,6 +132,27 @@ class Store:
 
     def heard_from(self) -> None:
         self.heard = time.monotonic()
+
+    def take_changes(self) -> Changed:
+        """What changed since the last call (key -> the object now, None: gone); the first
+        call starts following and returns everything held. Call with the store locked
+        (Informers.take_changes)."""
+        changes: Changed = dict(self._objects) if self._changes is None else self._changes
+        self._changes = {}
+        return changes
+
+
+Changed = dict[str, "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What Informers.take_changes saw at one moment."""
+
+    changes: tuple[Changed, Changed, Changed]  # jobs, nodes, pods
+    jobs: list[dict[str, Any]]
+    nodes: list[dict[str, Any]] | None = None
+    pods: list[dict[str, Any]] | None = None
 
 
 def pod_job(pod: dict[str, Any]) -> str | None:
@@ -151,6 +183,21 @@ class Informers:
 
     def synced(self) -> bool:
         return all(store.synced.is_set() for store in self.stores)
+
+    def take_changes(self, with_items: bool = False) -> Taken:
+        """Every store's changes since the last take and every job held, all at one moment
+        (the stores locked together); with `with_items`, every node and pod too: an audit
+        compares a rebuild from those with the state the changes keep (kube/standing.py)."""
+        with contextlib.ExitStack() as locked:
+            for store in self.stores:
+                locked.enter_context(store._lock)
+            jobs, nodes, pods = (store.take_changes() for store in self.stores)
+            return Taken(
+                (jobs, nodes, pods),
+                list(self.jobs._objects.values()),
+                list(self.nodes._objects.values()) if with_items else None,
+                list(self.pods._objects.values()) if with_items else None,
+            )
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

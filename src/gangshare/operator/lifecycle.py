@@ -20,6 +20,12 @@ from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import condition, iso, set_condition
+from gangshare.operator.first_queue import (
+    created_at,
+    first_queue_status,
+    grace_left,
+    queued_message,
+)
 from gangshare.operator.manifests import headless_service, worker_pod
 from gangshare.operator.pod_failures import detect_failure, is_deleting, pull_grace_left
 from gangshare.operator.requeue import (
@@ -56,6 +62,9 @@ class Limits:
     # A gang partly bound while kube-scheduler refuses a worker for a reason of its own is
     # released this long after its first worker was bound (operator/starting.py).
     unschedulable_seconds: float = 5.0
+    # A new job's first status is left this long to the scheduling pass, which writes it
+    # with its decision (operator/first_queue.py); 0: the reconciler writes it at once.
+    first_queue_grace_seconds: float = 0.0
 
 
 def detect_actions(
@@ -75,7 +84,11 @@ def detect_actions(
             return Actions()
         return fail_invalid(status, str(err), seen.now, generation)
     if phase is None:
-        return enqueue(spec, status, seen.now, generation, first=True)
+        grace = grace_left(seen.job, seen.now, limits.first_queue_grace_seconds)
+        if grace > 0:  # the scheduling pass writes it with its decision (first_queue.py)
+            return Actions(requeue_after=grace)
+        queued_at = created_at(seen.job) or seen.now
+        return enqueue(spec, status, seen.now, generation, first=True, queued_at=queued_at)
     attempt = int(status.get("attempt", 0))
     current, stale = _split_pods(seen.pods, attempt, spec.uid)
     actions = Actions(delete_pods=[_name(p) for p in stale if not is_deleting(p)])
@@ -128,31 +141,28 @@ def job_needs_reconcile(job: Mapping[str, Any]) -> bool:
 
 
 def enqueue(
-    spec: TrainingJobSpec, status: dict[str, Any], now: float, gen: int, first: bool
+    spec: TrainingJobSpec,
+    status: dict[str, Any],
+    now: float,
+    gen: int,
+    first: bool,
+    queued_at: float | None = None,
 ) -> Actions:
-    groups = "".join(f" + {g.replicas}x{g.gpus} ({g.name})" for g in spec.groups)
-    message = (
-        f"waiting for {spec.pod_count}x{spec.gpus_per_worker}{groups} GPUs in queue {spec.queue}"
-    )
-    patch: dict[str, Any] = {
-        "phase": "Queued",
-        "queuedAt": iso(now),
-        "queuedAs": spec.queued_as,
-        "message": message,
-        "observedGeneration": gen,
-        "conditions": set_condition(
-            status.get("conditions"), "Admitted", False, "Queued", message, now, gen
-        ),
-    }
+    """Queue the job: its first time at `queued_at` (its creation; operator/first_queue.py),
+    again after a release at `now`."""
     # A job's first queueing posts no event: its phase, its Admitted condition and
     # status.message say it, and an event a job is an API request (#39: events only where a
     # person needs the why). Queued again, it is told why.
+    patch = first_queue_status(spec, status, now if queued_at is None else queued_at, now, gen)
     if first:
-        patch.update({"attempt": 0, "restarts": 0, "userFailures": 0})
         return Actions(status=patch)
+    for counter in ("attempt", "restarts", "userFailures"):
+        del patch[counter]
     patch["nextRetryAt"] = None
     event = Event(
-        "Normal", "Requeued", f"attempt {status.get('attempt', 0)} queued again: {message}"
+        "Normal",
+        "Requeued",
+        f"attempt {status.get('attempt', 0)} queued again: {queued_message(spec)}",
     )
     return Actions(status=patch, events=[event])
 

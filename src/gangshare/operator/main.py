@@ -11,6 +11,7 @@ from typing import Any
 
 from gangshare.core.clock import WallClock
 from gangshare.core.queueing import Ordering, QueuePolicy
+from gangshare.kube.snapshot_drift import AUDIT_SECONDS
 
 log = logging.getLogger("gangshare.operator")
 
@@ -120,6 +121,13 @@ def add_operator_command(commands: Any) -> None:
         default=120.0,
         help="liveness fails when no scheduling pass has finished for this long",
     )
+    op.add_argument(
+        "--snapshot-audit-seconds",
+        type=float,
+        default=AUDIT_SECONDS,
+        help="seconds between audits of the pass's snapshot (kept from watch changes): a "
+        "rebuild from every object, compared; drift is counted, logged and repaired",
+    )
     op.add_argument("--user-error-retries", type=int, default=0)
     op.add_argument(
         "--backoff-base-seconds",
@@ -183,6 +191,7 @@ def run_operator(args: argparse.Namespace) -> int:
     from gangshare.kube.client import connect
     from gangshare.operator.batch_reconcile import BatchReconciler
     from gangshare.operator.batchapi import BatchApi
+    from gangshare.operator.first_queue import FIRST_QUEUE_GRACE_SECONDS
     from gangshare.operator.handlers import build_registry, pod_listener
     from gangshare.operator.informers import Informers
     from gangshare.operator.kubeapi import KubeApi
@@ -224,6 +233,8 @@ def run_operator(args: argparse.Namespace) -> int:
             stuck_pod_seconds=args.stuck_pod_seconds,
             image_pull_grace_seconds=args.image_pull_grace,
             unschedulable_seconds=args.unschedulable_release,
+            # The scheduling pass runs beside the reconciler and writes new jobs' first status.
+            first_queue_grace_seconds=FIRST_QUEUE_GRACE_SECONDS,
         ),
     )
     metrics = OperatorMetrics()
@@ -278,6 +289,8 @@ def run_operator(args: argparse.Namespace) -> int:
         informers=informers,
     )
     loop.forecasts.period_seconds = args.forecast_period
+    if loop.view is not None:
+        loop.view.audit_seconds = args.snapshot_audit_seconds
     loop.forecast_beside_the_pass()
     informers.listen_to_pods(pod_listener(reconciler, loop, leading))
     thread = threading.Thread(target=loop.run_forever, name="gangshare-scheduler", daemon=True)

@@ -246,6 +246,20 @@ class OperatorMetrics:
             ["reads"],
             registry=r,
         )
+        self.snapshot_audits = Counter(
+            "gangshare_snapshot_audits_total",
+            "Audits of the scheduling pass's snapshot, kept from watch changes: each rebuilds it "
+            "from every Node, Pod and TrainingJob and compares.",
+            registry=r,
+        )
+        self.snapshot_drift = Counter(
+            "gangshare_snapshot_drift_total",
+            "Differences an audit found between the kept snapshot and its rebuild (each repaired "
+            "by starting afresh from the rebuild), by kind: nodes, allocations, requests, "
+            "running, displaced, warnings. Anything but 0 is a bug to report.",
+            ["kind"],
+            registry=r,
+        )
         self.preemptions = Counter(
             "gangshare_preemptions_total",
             "Running gangs evicted whole by the scheduler, by queue (the victim's spec.queue), "

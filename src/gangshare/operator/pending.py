@@ -26,7 +26,9 @@ from gangshare.core.forecast import Forecast
 from gangshare.core.queueing import QueuePolicy
 from gangshare.core.shape_advice import ShapeAdvice
 from gangshare.kube.shapes import parse_shapes
+from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
 from gangshare.operator.conditions import condition, set_condition
+from gangshare.operator.first_queue import created_at, first_queue_status, is_new
 from gangshare.operator.forecasts import advice_is_news, forecast_moved, forecast_status
 from gangshare.operator.kubeapi import Conflict, KubeApi
 
@@ -79,11 +81,19 @@ def clear_inadmissible(
 def detect_pending_write(
     job: dict[str, Any], waiting: Pending, policy: QueuePolicy, now: float
 ) -> PendingWrite | None:
-    """The status patch that tells why `job` waits; None when its status says so already."""
+    """The status patch that tells why `job` waits; None when its status says so already. A
+    new job's is its first status too (operator/first_queue.py)."""
     status = job.get("status") or {}
     if status.get("message") == waiting.reason:
         return None
     gen = int(job["metadata"].get("generation", 0))
+    first: dict[str, Any] = {}
+    if is_new(job):
+        try:
+            spec = parse_trainingjob(job)
+        except InvalidSpec:
+            return None  # the reconciler fails it, with the reason
+        first = first_queue_status(spec, status, created_at(job) or now, now, gen)
     conditions = status.get("conditions")
     admitted, blocked = condition(conditions, "Admitted"), condition(conditions, "Inadmissible")
     was = (
@@ -100,7 +110,7 @@ def detect_pending_write(
     else:
         conditions = clear_inadmissible(conditions, now, gen)
     return PendingWrite(
-        {"message": waiting.reason, "conditions": conditions},
+        {**first, "message": waiting.reason, "conditions": conditions},
         transition=was != (waiting.kind.value, why),
     )
 

@@ -22,25 +22,25 @@ from gangshare.core.clock import Clock
 from gangshare.core.cluster import Cluster
 from gangshare.core.cycle import Admission, CycleResult, PendingKind, schedule_cycle
 from gangshare.core.forecast import Forecast
-from gangshare.core.job import ServiceClass
-from gangshare.core.queueing import QueuePolicy, RunningJob
+from gangshare.core.queueing import QueuedJob, QueuePolicy, RunningJob
 from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
 from gangshare.kube.claims import job_key
 from gangshare.kube.queue import default_queue_object, parse_queue
 from gangshare.kube.queued_kinds import workload_kind_name
-from gangshare.kube.snapshot import build_snapshot, parse_time
+from gangshare.kube.snapshot import Snapshot, build_snapshot, parse_time
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
-from gangshare.operator.conditions import iso, set_condition
+from gangshare.operator.admitting import admission_needs_event, admission_status
 from gangshare.operator.forecast_worker import ForecastWorker
 from gangshare.operator.forecasts import ForecastBook
 from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import Conflict, KubeApi, LeadershipLost
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.metrics import OperatorMetrics
-from gangshare.operator.pending import PendingReasons, clear_inadmissible
+from gangshare.operator.pending import PendingReasons
 from gangshare.operator.queue_status import changed_fields, queue_statuses
 from gangshare.operator.reconcile import Reconciler
+from gangshare.operator.standing_view import StandingView
 from gangshare.operator.waiting import WaitingJobs
 
 log = logging.getLogger("gangshare.operator")
@@ -98,6 +98,14 @@ class SchedulerLoop:
         self.clock = clock
         self.interval = interval
         self.metrics = metrics or OperatorMetrics()
+        # With the stores, a snapshot kept from their changes and audited (#39).
+        self.view = (
+            None
+            if informers is None
+            else StandingView(
+                informers, policy.default_runtime_seconds, self.metrics, clock=clock.now
+            )
+        )
         # Whether this replica holds the leader Lease (operator/leader.py); a standby waits.
         self.leading = leading
         self.waiting = WaitingJobs(policy.default_runtime_seconds)
@@ -157,20 +165,39 @@ class SchedulerLoop:
         started = time.perf_counter()
         if self.informers is not None and not self.informers.synced():
             return CycleReport(skipped="watches not yet synced")
-        jobs = [j for j in self.reads.list_jobs() if not j["metadata"].get("deletionTimestamp")]
+        if self.view is not None:
+            snapshot, held = self.view.snapshot()
+        else:
+            held = self.reads.list_jobs()
+        jobs = [j for j in held if not j["metadata"].get("deletionTimestamp")]
         self.metrics.set_trainingjobs(jobs)
-        snapshot = build_snapshot(
-            self.reads.list_nodes(),
-            self.reads.list_live_pods(),
-            jobs,
-            self.policy.default_runtime_seconds,
-        )
+        if self.view is None:
+            snapshot = build_snapshot(
+                self.reads.list_nodes(),
+                self.reads.list_live_pods(),
+                jobs,
+                self.policy.default_runtime_seconds,
+            )
         self._log_new_warnings(snapshot.warnings)
         now = self.clock.now()
         policy = self._policy_of_the_pass(snapshot.warnings)
         self.waiting.learn(jobs, policy)
-        by_key = {job_key(j): j for j in jobs}
         pending = self.waiting.queued(jobs, now, self.api.list_priority_classes())
+        # A standing snapshot's cluster is the ledger's: what the cycle plans on it is undone
+        # once the pass has written and forecast (its admissions come back as plans).
+        with snapshot.cluster.undone_after():
+            return self._decide_and_write(snapshot, jobs, pending, policy, now, started)
+
+    def _decide_and_write(
+        self,
+        snapshot: Snapshot,
+        jobs: list[dict[str, Any]],
+        pending: list[QueuedJob],
+        policy: QueuePolicy,
+        now: float,
+        started: float,
+    ) -> CycleReport:
+        by_key = {job_key(j): j for j in jobs}
         deciding = time.perf_counter()
         result = schedule_cycle(snapshot.cluster, pending, snapshot.running, policy, now)
         decided = time.perf_counter()
@@ -377,49 +404,9 @@ class SchedulerLoop:
         self._warned = current
 
     def _admit(self, job: dict[str, Any], admission: Admission, now: float) -> bool:
-        plan = admission.plan
         status = job.get("status") or {}
-        gen = int(job["metadata"].get("generation", 0))
-        nodes = ", ".join(plan.nodes)
-        relaxed = " (topology preference relaxed)" if plan.relaxed else ""
-        message = f"admitted: {len(plan.placements)} worker(s) on {nodes}{relaxed}"
-        if admission.borrowed:
-            # A gang whose GPU resource is fixed (a batch/v1 Job's) borrows whole idle GPUs.
-            how = (
-                "on idle whole GPUs"
-                if admission.service_class is ServiceClass.GUARANTEED
-                else "as Opportunistic"
-            )
-            message = (
-                f"admitted {how} on borrowed quota ({admission.job.gpus} GPUs beyond "
-                f"queue {admission.job.queue}'s quota; reclaimed first when lenders return): "
-                f"{len(plan.placements)} worker(s) on {nodes}{relaxed}"
-            )
-        queued_at = parse_time(status.get("queuedAt")) or now
-        wait = round(max(0.0, now - queued_at), 3)
-        patch = {
-            "phase": "Admitted",
-            "admittedAt": iso(now),
-            "forecast": None,  # said while it waited
-            "queueWaitSeconds": wait,
-            # The run time backfill assumed at admission; running jobs' expected ends use it too.
-            "predictedRuntimeSeconds": admission.job.runtime_estimate,
-            "serviceClass": admission.service_class.value,
-            "borrowed": admission.borrowed,
-            "placement": [
-                {"rank": p.rank, "node": p.node, "gpus": list(p.gpu_indices)}
-                for p in plan.placements
-            ],
-            "message": message,
-            "observedGeneration": gen,
-            "conditions": clear_inadmissible(
-                set_condition(
-                    status.get("conditions"), "Admitted", True, "GangAdmitted", message, now, gen
-                ),
-                now,
-                gen,
-            ),
-        }
+        patch = admission_status(job, admission, now)
+        message, wait = patch["message"], patch["queueWaitSeconds"]
         if not self.leading():
             return False  # the Lease was lost during this pass: the new leader decides
         try:
@@ -433,8 +420,9 @@ class SchedulerLoop:
             wait,
             workload_kind_name(job),
         )
-        reason = "AdmittedBorrowing" if admission.borrowed else "Admitted"
-        self.api.post_event(job, "Normal", reason, message, action="Schedule")
+        if admission_needs_event(status, admission):
+            reason = "AdmittedBorrowing" if admission.borrowed else "Admitted"
+            self.api.post_event(job, "Normal", reason, message, action="Schedule")
         log.info("%s %s", admission.job.key, message)
         return True
 

@@ -15,6 +15,7 @@ from gangshare.core.estimate import RuntimeEstimator, name_group
 from gangshare.core.queueing import QueuedJob, QueuePolicy
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
+from gangshare.operator.first_queue import created_at, is_new
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,15 @@ class WaitingJobs:
         now: float,
         priority_classes: Mapping[str, int] | None = None,
     ) -> list[QueuedJob]:
-        """The jobs waiting for admission now (Queued, not backing off, valid), in list order.
+        """The jobs waiting for admission now (Queued, or new and not queued yet: waiting since
+        their creation, operator/first_queue.py; not backing off, valid), in list order.
         `priority_classes` (name -> value) judges templates' priorityClassName; None: unjudged."""
         parsed: dict[str, _Parsed] = {}
         result = []
         for job in jobs:
             status = job.get("status") or {}
-            if status.get("phase") != "Queued":
+            new = is_new(job)
+            if status.get("phase") != "Queued" and not new:
                 continue
             if (parse_time(status.get("nextRetryAt")) or 0.0) > now:
                 continue  # backing off after a release; it rejoins the queue when due
@@ -81,7 +84,7 @@ class WaitingJobs:
             if memo.spec is None:
                 continue
             spec = memo.spec
-            submitted = parse_time(status.get("queuedAt")) or now
+            submitted = (created_at(job) if new else parse_time(status.get("queuedAt"))) or now
             if spec.moved_since_queued(status):
                 submitted = now  # its old place is void; the reconciler restamps queuedAt
             estimate = self.estimator.predict(
