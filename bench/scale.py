@@ -387,7 +387,10 @@ def apply(kubectl: list[str], objects: list[dict[str, Any]]) -> None:
 
 
 def start_gangshare(
-    cluster: LocalCluster, kubectl: list[str], forecast_period: float = 30.0
+    cluster: LocalCluster,
+    kubectl: list[str],
+    forecast_period: float = 30.0,
+    audit_seconds: float = AUDIT_SECONDS,
 ) -> tuple[list[processes.Child], dict[str, int]]:
     """The bench's extender, kube-scheduler and operator, with the Queues they serve."""
     state = cluster.state
@@ -416,7 +419,7 @@ def start_gangshare(
         "--reclaim-min-runtime=0",
         f"--forecast-period={forecast_period}",
         # The pass's snapshot is kept from watch changes; a rebuild audits it this often.
-        f"--snapshot-audit-seconds={AUDIT_SECONDS}",
+        f"--snapshot-audit-seconds={audit_seconds}",
     ]
     children.append(start_operator(cluster, "scale-operator", SCHEDULER, policy))
     pids = {
@@ -441,7 +444,7 @@ def queues(total: int) -> list[dict[str, Any]]:
     return [queue(LENDER, total), queue(BORROWER, 0), backlog]
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: dict[str, Any], audit_seconds: float = AUDIT_SECONDS) -> None:
     for name, figures in report["scenarios"].items():
         shown = {k: v for k, v in figures.items() if k not in ("name", "processes", "requests")}
         print(f"\n== {name}: " + ", ".join(f"{k} {fmt(v)}" for k, v in shown.items()))
@@ -458,7 +461,7 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"GPUs held twice: {report['double_held'] or 'none'}")
     audits = report.get("audits") or {}
     print(
-        f"snapshot audits (a rebuild every {AUDIT_SECONDS:.0f} s, compared with the kept "
+        f"snapshot audits (a rebuild every {audit_seconds:g} s, compared with the kept "
         f"snapshot): {audits.get('clean', 0)} without drift, {audits.get('drift', 0)} with"
     )
 
@@ -486,7 +489,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         state = cluster.up(cluster_nodes(nodes, args.gpus), timeout=900)
         report["cluster_up_s"] = time.perf_counter() - started
         kubectl = [str(bins / "kubectl"), f"--kubeconfig={state.kubeconfig}"]
-        children, pids = start_gangshare(cluster, kubectl, args.forecast_period)
+        children, pids = start_gangshare(cluster, kubectl, args.forecast_period, args.audit_seconds)
         apply(kubectl, queues(args.nodes * args.gpus))
         scale = Scale(cluster, args, pids)
         scale.seen.start()
@@ -564,6 +567,13 @@ def main() -> None:
         "that forecasts replay them (see Scale.backlog)",
     )
     parser.add_argument(
+        "--audit-seconds",
+        type=float,
+        default=AUDIT_SECONDS,
+        help="the operator's --snapshot-audit-seconds (a rebuild compared with the snapshot "
+        "its passes keep; any drift fails the run)",
+    )
+    parser.add_argument(
         "--profile", type=Path, help="py-spy the operator and extender per scenario into here"
     )
     parser.add_argument(
@@ -573,7 +583,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     report = run(args)
-    print_report(report)
+    print_report(report, args.audit_seconds)
     print(f"total {report['total_s']:.0f} s (cluster up {report.get('cluster_up_s', 0):.0f} s)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -39,6 +39,10 @@ WALL_CLOCK = (
 NO_EXTENDER = "no kube-scheduler or extender in a replay: placement is the core's plan"
 NO_PODS = "the agent's per-pod coordinator state: the simulator models each GPU's settled share"
 NO_API = "no API server in a replay: nothing is reconciled, from the stores or otherwise"
+NO_WATCHES = (
+    "no watches in a replay: its cluster is the simulation's own state, not a snapshot kept"
+    " from watch changes, so nothing is audited"
+)
 NO_FORECAST = (
     "a replay forecasts only in make results' accuracy runs, which score each forecast against"
     " its job's actual start instead of exporting it"
@@ -56,6 +60,7 @@ UNANSWERED = {
     ("gangshare-scheduler.json", "Extender non-ok ratio"): NO_EXTENDER,
     ("gangshare-scheduler.json", "Filter outcomes"): NO_EXTENDER,
     ("gangshare-scheduler.json", "Operator reconciles by reads"): NO_API,
+    ("gangshare-scheduler.json", "Snapshot audits and drift"): NO_WATCHES,
     ("gangshare-queues.json", "Forecast wait"): NO_FORECAST,
     ("gangshare-queues.json", "Not forecast within a week / forecast time"): NO_FORECAST,
     ("gangshare-node-sharing.json", "Opportunistic duty cap"): NO_PODS,

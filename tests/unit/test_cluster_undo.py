@@ -23,7 +23,8 @@ def fingerprint(cluster: Cluster) -> dict[str, Any]:
             {k: v for k, v in node.requested.items() if v},
             node.free_guaranteed,
         )
-    by_free = sorted((n.name, n.free_guaranteed) for n in cluster.nodes_with_free_at_least(0))
+    # In the index's own order: ties between equally free nodes must go as they went.
+    by_free = [(n.name, n.free_guaranteed) for n in cluster.nodes_with_free_at_least(0)]
     owners = {o: sorted(map(repr, cluster.allocations_of(o))) for o in cluster.owners()}
     return {"nodes": nodes, "by_free": by_free, "owners": owners}
 

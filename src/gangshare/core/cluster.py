@@ -56,8 +56,10 @@ class Cluster:
         self._static: dict[Hashable, Any] = {}
         # Bumped whenever what kept_while_nodes_stand and kept_for hold is dropped.
         self.static_generation = 0
-        # Within undone_after: how to undo each allocate and release, in order.
+        # Within undone_after: how to undo each allocate and release, in order, and the
+        # free-GPU index's buckets as they were before the block changed them (None: absent).
         self._undo: list[Callable[[], None]] | None = None
+        self._buckets_before: dict[int, dict[str, None] | None] = {}
         for node in nodes:
             self.add_node(node)
 
@@ -99,7 +101,13 @@ class Cluster:
     def __getstate__(self) -> dict[str, Any]:
         # What is kept for the living cluster (by object identity, or for one cycle) means
         # nothing to a twin in another process (the forecast worker's).
-        return {**self.__dict__, "_kept": None, "_static": {}, "_undo": None}
+        return {
+            **self.__dict__,
+            "_kept": None,
+            "_static": {},
+            "_undo": None,
+            "_buckets_before": {},
+        }
 
     @contextmanager
     def undone_after(self) -> Iterator[None]:
@@ -110,12 +118,21 @@ class Cluster:
         if self._undo is not None:
             raise RuntimeError("undone_after does not nest")
         self._undo = []
+        self._buckets_before = {}
         try:
             yield
         finally:
             steps, self._undo = self._undo, None
             for step in reversed(steps):
                 step()
+            # Undone, each bucket of the free-GPU index holds the nodes it held, but in the
+            # order they came back: ties between equally free nodes go as they went before.
+            for free, names in self._buckets_before.items():
+                if names is not None:
+                    self._by_free[free] = names
+                elif not self._by_free.get(free):
+                    self._by_free.pop(free, None)
+            self._buckets_before = {}
 
     def node(self, name: str) -> NodeState:
         return self.nodes[name]
@@ -342,6 +359,11 @@ class Cluster:
         node.recount()
         after = node.free_guaranteed
         if after != before:
+            if self._undo is not None:
+                for free in (before, after):
+                    if free not in self._buckets_before:
+                        bucket = self._by_free.get(free)
+                        self._buckets_before[free] = None if bucket is None else dict(bucket)
             self._by_free[before].pop(node.name, None)
             self._by_free.setdefault(after, {})[node.name] = None
 

@@ -199,6 +199,12 @@ class Informers:
                 list(self.pods._objects.values()) if with_items else None,
             )
 
+    def restart_changes(self) -> None:
+        """The next take_changes brings everything the stores hold, as the first did."""
+        for store in self.stores:
+            with store._lock:
+                store._changes = None
+
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         return all(s.synced.wait(max(0.0, deadline - time.monotonic())) for s in self.stores)

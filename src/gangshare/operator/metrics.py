@@ -29,6 +29,7 @@ from gangshare.core.forecast import Forecast
 from gangshare.core.queues import QueueSpec
 from gangshare.kube.queued_kinds import workload_kind_name
 from gangshare.kube.snapshot import parse_time
+from gangshare.kube.snapshot_drift import DRIFT_KINDS
 from gangshare.operator.actions import Event
 
 # Every phase a TrainingJob's status can have; New: no status yet (the operator has not seen it).
@@ -260,6 +261,8 @@ class OperatorMetrics:
             ["kind"],
             registry=r,
         )
+        for kind in DRIFT_KINDS:  # each at 0 from the start: a panel's rate reads 0, not nothing
+            self.snapshot_drift.labels(kind)
         self.preemptions = Counter(
             "gangshare_preemptions_total",
             "Running gangs evicted whole by the scheduler, by queue (the victim's spec.queue), "

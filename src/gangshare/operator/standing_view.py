@@ -51,7 +51,13 @@ class StandingView:
         jobs, nodes, pods = taken.changes
         if self.standing is None:  # the first take brings everything the stores hold
             self.standing = StandingSnapshot(self.default_runtime_seconds)
-        self.standing.apply(nodes, pods, jobs)
+        try:
+            self.standing.apply(nodes, pods, jobs)
+        except Exception:
+            # Half applied, and the changes are taken: the next pass starts from everything.
+            self.standing = None
+            self.informers.restart_changes()
+            raise
         if taken.nodes is not None and taken.pods is not None:
             self._audit(taken.jobs, taken.nodes, taken.pods)
         return self.standing.snapshot(), taken.jobs

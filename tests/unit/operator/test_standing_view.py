@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from jobs import make_job, nodes, pod
 
 from gangshare.operator.informers import Informers
@@ -94,3 +95,21 @@ def test_a_relisted_store_is_a_change_of_everything_it_held_and_holds():
     clock.now = 61.0
     view.snapshot()
     assert view.audits == 1 and view.drift_found == 0
+
+
+def test_a_pass_whose_changes_fail_to_apply_starts_the_next_from_everything(monkeypatch):
+    informers, view, _, _ = view_of(admitted("a", "n-0", 0))
+    view.snapshot()
+    informers.jobs.apply("ADDED", admitted("b", "n-1", 2))
+    standing = view.standing
+    assert standing is not None
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug while applying")
+
+    monkeypatch.setattr(standing, "apply", broken)
+    with pytest.raises(RuntimeError):
+        view.snapshot()
+    snapshot, jobs = view.snapshot()  # afresh, from everything the stores hold
+    assert snapshot.cluster.node("n-0").free_guaranteed == 3
+    assert snapshot.cluster.node("n-1").free_guaranteed == 3 and len(jobs) == 2
