@@ -6,10 +6,9 @@ from typing import Any
 
 from gangshare.core.cycle import Admission
 from gangshare.core.job import ServiceClass
-from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import parse_trainingjob
 from gangshare.operator.conditions import condition, iso, set_condition
-from gangshare.operator.first_queue import created_at, is_new
+from gangshare.operator.first_queue import FIRST_COUNTERS, is_new, place_in_line
 from gangshare.operator.pending import clear_inadmissible
 
 
@@ -39,17 +38,14 @@ def admission_status(job: dict[str, Any], admission: Admission, now: float) -> d
     status = job.get("status") or {}
     gen = int(job["metadata"].get("generation", 0))
     message = admission_message(admission)
-    new = is_new(job)
-    queued_at = (created_at(job) if new else parse_time(status.get("queuedAt"))) or now
+    queued_at = place_in_line(job, now)
     first: dict[str, Any] = {}
-    if new:
+    if is_new(job):
         # Its place in line, and the line (a move while requeued later is judged by it).
         first = {
             "queuedAt": iso(queued_at),
             "queuedAs": parse_trainingjob(job).queued_as,
-            "attempt": 0,
-            "restarts": 0,
-            "userFailures": 0,
+            **FIRST_COUNTERS,
         }
     return {
         **first,

@@ -43,15 +43,27 @@ def queued_message(spec: TrainingJobSpec) -> str:
     return f"waiting for {spec.pod_count}x{spec.gpus_per_worker}{groups} GPUs in queue {spec.queue}"
 
 
-def first_queue_status(
+def place_in_line(job: Mapping[str, Any], now: float) -> float:
+    """When the job took its place in line: its creation while it is new, else
+    status.queuedAt (now when neither is known)."""
+    if is_new(job):
+        return created_at(job) or now
+    return parse_time((job.get("status") or {}).get("queuedAt")) or now
+
+
+# A job's counters at its first queueing.
+FIRST_COUNTERS = {"attempt": 0, "restarts": 0, "userFailures": 0}
+
+
+def queued_status(
     spec: TrainingJobSpec,
     status: Mapping[str, Any],
     queued_at: float,
     now: float,
     gen: int,
 ) -> dict[str, Any]:
-    """The status fields of a job's first queueing (phase Queued, its place in line, its
-    counters at zero)."""
+    """The status fields of a job taking its place in line (phase Queued, queuedAt,
+    queuedAs, the Admitted condition saying so)."""
     message = queued_message(spec)
     return {
         "phase": "Queued",
@@ -62,10 +74,18 @@ def first_queue_status(
         "conditions": set_condition(
             status.get("conditions"), "Admitted", False, "Queued", message, now, gen
         ),
-        "attempt": 0,
-        "restarts": 0,
-        "userFailures": 0,
     }
+
+
+def first_queue_status(
+    spec: TrainingJobSpec,
+    status: Mapping[str, Any],
+    queued_at: float,
+    now: float,
+    gen: int,
+) -> dict[str, Any]:
+    """queued_status with the counters at zero: a job's first queueing."""
+    return {**queued_status(spec, status, queued_at, now, gen), **FIRST_COUNTERS}
 
 
 def grace_left(job: Mapping[str, Any], now: float, grace: float) -> float:

@@ -21,10 +21,10 @@ from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_train
 from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.first_queue import (
-    created_at,
     first_queue_status,
     grace_left,
-    queued_message,
+    place_in_line,
+    queued_status,
 )
 from gangshare.operator.manifests import headless_service, worker_pod
 from gangshare.operator.pod_failures import detect_failure, is_deleting, pull_grace_left
@@ -87,7 +87,7 @@ def detect_actions(
         grace = grace_left(seen.job, seen.now, limits.first_queue_grace_seconds)
         if grace > 0:  # the scheduling pass writes it with its decision (first_queue.py)
             return Actions(requeue_after=grace)
-        queued_at = created_at(seen.job) or seen.now
+        queued_at = place_in_line(seen.job, seen.now)
         return enqueue(spec, status, seen.now, generation, first=True, queued_at=queued_at)
     attempt = int(status.get("attempt", 0))
     current, stale = _split_pods(seen.pods, attempt, spec.uid)
@@ -153,16 +153,12 @@ def enqueue(
     # A job's first queueing posts no event: its phase, its Admitted condition and
     # status.message say it, and an event a job is an API request (#39: events only where a
     # person needs the why). Queued again, it is told why.
-    patch = first_queue_status(spec, status, now if queued_at is None else queued_at, now, gen)
+    at = now if queued_at is None else queued_at
     if first:
-        return Actions(status=patch)
-    for counter in ("attempt", "restarts", "userFailures"):
-        del patch[counter]
-    patch["nextRetryAt"] = None
+        return Actions(status=first_queue_status(spec, status, at, now, gen))
+    patch = {**queued_status(spec, status, at, now, gen), "nextRetryAt": None}
     event = Event(
-        "Normal",
-        "Requeued",
-        f"attempt {status.get('attempt', 0)} queued again: {queued_message(spec)}",
+        "Normal", "Requeued", f"attempt {status.get('attempt', 0)} queued again: {patch['message']}"
     )
     return Actions(status=patch, events=[event])
 

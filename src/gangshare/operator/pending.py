@@ -28,7 +28,7 @@ from gangshare.core.shape_advice import ShapeAdvice
 from gangshare.kube.shapes import parse_shapes
 from gangshare.kube.trainingjob import InvalidSpec, parse_trainingjob
 from gangshare.operator.conditions import condition, set_condition
-from gangshare.operator.first_queue import created_at, first_queue_status, is_new
+from gangshare.operator.first_queue import first_queue_status, is_new, place_in_line
 from gangshare.operator.forecasts import advice_is_news, forecast_moved, forecast_status
 from gangshare.operator.kubeapi import Conflict, KubeApi
 
@@ -93,7 +93,7 @@ def detect_pending_write(
             spec = parse_trainingjob(job)
         except InvalidSpec:
             return None  # the reconciler fails it, with the reason
-        first = first_queue_status(spec, status, created_at(job) or now, now, gen)
+        first = first_queue_status(spec, status, place_in_line(job, now), now, gen)
     conditions = status.get("conditions")
     admitted, blocked = condition(conditions, "Admitted"), condition(conditions, "Inadmissible")
     was = (

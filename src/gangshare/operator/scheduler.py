@@ -167,17 +167,16 @@ class SchedulerLoop:
             return CycleReport(skipped="watches not yet synced")
         if self.view is not None:
             snapshot, held = self.view.snapshot()
+            jobs = [j for j in held if not j["metadata"].get("deletionTimestamp")]
         else:
-            held = self.reads.list_jobs()
-        jobs = [j for j in held if not j["metadata"].get("deletionTimestamp")]
-        self.metrics.set_trainingjobs(jobs)
-        if self.view is None:
+            jobs = [j for j in self.reads.list_jobs() if not j["metadata"].get("deletionTimestamp")]
             snapshot = build_snapshot(
                 self.reads.list_nodes(),
                 self.reads.list_live_pods(),
                 jobs,
                 self.policy.default_runtime_seconds,
             )
+        self.metrics.set_trainingjobs(jobs)
         self._log_new_warnings(snapshot.warnings)
         now = self.clock.now()
         policy = self._policy_of_the_pass(snapshot.warnings)

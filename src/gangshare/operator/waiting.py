@@ -15,7 +15,7 @@ from gangshare.core.estimate import RuntimeEstimator, name_group
 from gangshare.core.queueing import QueuedJob, QueuePolicy
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
-from gangshare.operator.first_queue import created_at, is_new
+from gangshare.operator.first_queue import is_new, place_in_line
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ class WaitingJobs:
         result = []
         for job in jobs:
             status = job.get("status") or {}
-            new = is_new(job)
-            if status.get("phase") != "Queued" and not new:
+            if status.get("phase") != "Queued" and not is_new(job):
                 continue
             if (parse_time(status.get("nextRetryAt")) or 0.0) > now:
                 continue  # backing off after a release; it rejoins the queue when due
@@ -84,7 +83,7 @@ class WaitingJobs:
             if memo.spec is None:
                 continue
             spec = memo.spec
-            submitted = (created_at(job) if new else parse_time(status.get("queuedAt"))) or now
+            submitted = place_in_line(job, now)
             if spec.moved_since_queued(status):
                 submitted = now  # its old place is void; the reconciler restamps queuedAt
             estimate = self.estimator.predict(
