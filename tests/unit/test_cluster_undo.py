@@ -10,7 +10,7 @@ import pytest
 from builders import make_node
 
 from gangshare.core.cluster import Cluster
-from gangshare.core.job import ServiceClass
+from gangshare.core.job import GangRequest, ServiceClass
 
 
 def fingerprint(cluster: Cluster) -> dict[str, Any]:
@@ -88,7 +88,22 @@ def test_the_block_undoes_even_when_it_raises_and_does_not_nest():
 
 
 def test_a_pickled_cluster_leaves_what_it_keeps_for_its_own_process_behind():
-    cluster = Cluster([make_node("n").gpus(2).build()])
-    cluster.kept_for("usable", object(), lambda: 1)
-    twin = pickle.loads(pickle.dumps(cluster))
+    cluster, gang = Cluster([make_node("n").gpus(2).build()]), GangRequest("g", 1, 1)
+    cluster.kept_for("usable", gang, lambda: 1)
+    twin, its_gang = pickle.loads(pickle.dumps((cluster, gang)))
     assert twin._static == {} and twin.node("n").gpu_count == 2
+    # The gang came along with what it kept, which holds for the living cluster only.
+    assert twin.kept_for("usable", its_gang, lambda: 2) == 2
+    assert cluster.kept_for("usable", gang, lambda: 3) == 1
+
+
+def test_what_a_gang_keeps_lasts_while_the_nodes_stand_however_many_gangs_there_are():
+    cluster = Cluster([make_node("n").gpus(2).build()])
+    gangs = [GangRequest(f"g{i}", 1, 1) for i in range(3)]
+    for i, gang in enumerate(gangs):
+        assert cluster.kept_for("usable", gang, lambda i=i: i) == i
+    assert [cluster.kept_for("usable", g, lambda: -1) for g in gangs] == [0, 1, 2]
+    other = Cluster([make_node("n").gpus(2).build()])
+    assert other.kept_for("usable", gangs[0], lambda: 7) == 7  # another cluster's, its own
+    cluster.nodes_edited()
+    assert cluster.kept_for("usable", gangs[1], lambda: 9) == 9

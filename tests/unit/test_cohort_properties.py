@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
+import pytest
 from builders import make_cluster, make_gang
 from cohort_world import World, cohort_violations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gangshare.core import ServiceClass
-from gangshare.core.cycle import CycleResult, PendingKind
+from gangshare.core import cycle as cycle_module
+from gangshare.core.cycle import CycleResult, PendingKind, schedule_cycle
 from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy
 from gangshare.core.queues import QueueSpec, by_name
 
@@ -42,15 +47,23 @@ def workloads(draw, queues: int) -> list[tuple[QueuedJob, float]]:
         builder.gpus(draw(st.sampled_from([1, 1, 2, 2, 4])))
         if draw(st.integers(0, 9)) == 0:
             builder.opportunistic(2048)
-        job = QueuedJob(
-            f"j{n}",
-            builder.build(),
-            float(draw(st.integers(0, 60))),
-            f"q{draw(st.integers(0, queues - 1))}",
-            draw(st.integers(0, 2)),
-        )
-        jobs.append((job, float(draw(st.integers(5, 120)))))
+        jobs.append(queued(draw, n, builder, queues, latest=60))
     return jobs
+
+
+def queued(
+    draw: Any, n: int, builder: Any, queues: int, latest: int, runtime: float | None = None
+) -> tuple[QueuedJob, float]:
+    """The n-th job of a workload, submitted by `latest`, and how long it runs."""
+    job = QueuedJob(
+        f"j{n}",
+        builder.build(),
+        float(draw(st.integers(0, latest))),
+        f"q{draw(st.integers(0, queues - 1))}",
+        draw(st.integers(0, 2)),
+        runtime_estimate=runtime,
+    )
+    return job, float(draw(st.integers(5, 120)))
 
 
 def describe(result: CycleResult) -> list[str]:
@@ -78,18 +91,22 @@ def run(world: World, cycles: int = 60) -> None:
         world.advance(later)
 
 
-@EXAMPLES
-@given(data=st.data())
-def test_quota_is_never_exceeded_and_borrowing_never_exceeds_lending(data):
-    specs = data.draw(queue_specs())
-    nodes, gpus = data.draw(st.integers(1, 3)), data.draw(st.sampled_from([4, 8]))
-    policy = QueuePolicy(
+def drawn_policy(data: Any, specs: list[QueueSpec]) -> QueuePolicy:
+    return QueuePolicy(
         ordering=data.draw(st.sampled_from(list(Ordering))),
         small_job_max_gpus=data.draw(st.sampled_from([None, 2])),
         fair_share=data.draw(st.booleans()),
         backfill=data.draw(st.booleans()),
         queues=by_name(specs),
     )
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_quota_is_never_exceeded_and_borrowing_never_exceeds_lending(data):
+    specs = data.draw(queue_specs())
+    nodes, gpus = data.draw(st.integers(1, 3)), data.draw(st.sampled_from([4, 8]))
+    policy = drawn_policy(data, specs)
     world = World(make_cluster().nodes(nodes, gpus=gpus).build(), policy)
     for job, duration in data.draw(workloads(len(specs))):
         world.submit(job, duration)
@@ -172,3 +189,59 @@ def test_a_lender_gets_its_quota_back_within_one_cycle_plus_eviction(cohort_and_
     world.cycle()
     assert cohort_violations(world) == []
     assert ("mine" in world.running) == (free >= size)
+
+
+@st.composite
+def backlogs_alike(draw, queues: int) -> list[tuple[QueuedJob, float]]:
+    """Many jobs of a few shapes, each with its own run time: borrowers refused alike (#39)."""
+    shapes = [
+        (draw(st.sampled_from([1, 1, 2])), draw(st.sampled_from([1, 2, 4])), draw(st.booleans()))
+        for _ in range(draw(st.integers(1, 3)))
+    ]
+    jobs = []
+    for n in range(draw(st.integers(4, 30))):
+        workers, gpus, opportunistic = draw(st.sampled_from(shapes))
+        builder = make_gang(f"j{n}").workers(workers)
+        builder.gpus(gpus)
+        if opportunistic:
+            builder.opportunistic(2048)
+        runtime = draw(st.sampled_from([None, 10.0, 100.0, 1000.0, 5000.0]))
+        jobs.append(queued(draw, n, builder, queues, latest=30, runtime=runtime))
+    return jobs
+
+
+def outcome(result: CycleResult) -> tuple[object, ...]:
+    return (
+        [(a.job.key, a.borrowed, a.plan) for a in result.admitted],
+        [(p.job.key, p.kind, p.reason) for p in result.pending],
+        result.reservations,
+        [p.job.key for p in result.preemptions],
+    )
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_refusing_borrowers_alike_at_once_decides_as_judging_each(data):
+    """A refusal that never read the run time holds for jobs alike of any run time: a cycle
+    refusing them at once decides, cycle after cycle, as one that judges each."""
+    specs = data.draw(queue_specs())
+    policy = drawn_policy(data, specs)
+    world = World(make_cluster().nodes(data.draw(st.integers(1, 4)), gpus=4).build(), policy)
+    for job, duration in data.draw(backlogs_alike(len(specs))):
+        world.submit(job, duration)
+    start = world.next_event()
+    assert start is not None
+    world.advance(start)
+    for _ in range(40):
+        pending = sorted(world.pending.values(), key=lambda j: j.key)
+        running = list(world.running.values())
+        at_once = schedule_cycle(copy.deepcopy(world.cluster), pending, running, policy, world.now)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cycle_module._Cycle, "_kind_of", lambda self, job: None)
+            each = schedule_cycle(copy.deepcopy(world.cluster), pending, running, policy, world.now)
+        assert outcome(at_once) == outcome(each)
+        world.cycle()
+        later = world.next_event()
+        if later is None:
+            return
+        world.advance(later)

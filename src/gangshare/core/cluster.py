@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from gangshare.core.gpu import Tenant
-from gangshare.core.job import ServiceClass
+from gangshare.core.job import GangRequest, ServiceClass
 from gangshare.core.node import NodeState
 
 # A kept verdict (core/verdicts.py): the node's change count when judged, workers that fit,
@@ -38,7 +38,7 @@ class Allocation:
     resources: tuple[tuple[str, int], ...] = field(default=())
 
 
-# What kept_while_nodes_stand and kept_for hold at most before starting afresh.
+# What kept_while_nodes_stand holds at most before starting afresh.
 MAX_KEPT = 100_000
 
 
@@ -52,8 +52,15 @@ class Cluster:
         self._changes: dict[str, int] = {}
         # Every change to any node (added, removed, allocated on, released from).
         self.version = 0
+        # node name -> NodeState.shareable_spares, for nodes with any; refreshed when asked
+        # for the nodes changed since (_unshared): a packed cluster refuses a borrower without
+        # judging its every node (#39).
+        self._shareable: dict[str, tuple[int, ...]] = {}
+        self._unshared: set[str] = set()
         self._kept: dict[Hashable, Any] | None = None
         self._static: dict[Hashable, Any] = {}
+        # What gangs keep of this cluster (kept_for) holds while this is the token.
+        self._static_token = object()
         # Bumped whenever what kept_while_nodes_stand and kept_for hold is dropped.
         self.static_generation = 0
         # Within undone_after: how to undo each allocate and release, in order, and the
@@ -77,6 +84,7 @@ class Cluster:
     def remove_node(self, name: str) -> NodeState:
         node = self.nodes.pop(name)
         self.version += 1
+        self._unshared.add(name)
         self._forget_static()
         self._by_free[node.free_guaranteed].pop(name, None)
         for owner in list(self._allocations):
@@ -95,6 +103,7 @@ class Cluster:
         twin._by_free = {free: dict(names) for free, names in self._by_free.items()}
         twin._allocations = {owner: list(held) for owner, held in self._allocations.items()}
         twin._changes = dict(self._changes)
+        twin._shareable, twin._unshared = dict(self._shareable), set(self._unshared)
         twin.version = self.version
         return twin
 
@@ -105,6 +114,7 @@ class Cluster:
             **self.__dict__,
             "_kept": None,
             "_static": {},
+            "_static_token": object(),
             "_undo": None,
             "_buckets_before": {},
         }
@@ -145,6 +155,30 @@ class Cluster:
         for free in sorted(k for k in self._by_free if k >= count):
             for name in self._by_free[free]:
                 yield self.nodes[name]
+
+    def open_to_opportunistic(self, gpus: int, memory_mib: int) -> Iterator[NodeState]:
+        """Nodes with `gpus` GPUs an opportunistic worker asking `memory_mib` a GPU could share
+        now, in no set order: the only nodes where one may fit (static checks aside)."""
+        self._refresh_shareable()
+        for name, spares in self._shareable.items():
+            if len(spares) >= gpus and spares[gpus - 1] >= memory_mib:
+                yield self.nodes[name]
+
+    def may_share(self, name: str, gpus: int, memory_mib: int) -> bool:
+        """Whether the node is among open_to_opportunistic(gpus, memory_mib)."""
+        self._refresh_shareable()
+        spares = self._shareable.get(name, ())
+        return len(spares) >= gpus and spares[gpus - 1] >= memory_mib
+
+    def _refresh_shareable(self) -> None:
+        for name in self._unshared:
+            node = self.nodes.get(name)
+            spares = () if node is None else node.shareable_spares()
+            if spares:
+                self._shareable[name] = spares
+            else:
+                self._shareable.pop(name, None)
+        self._unshared.clear()
 
     def count_with_free_at_least(self, count: int) -> int:
         return sum(len(names) for free, names in self._by_free.items() if free >= count)
@@ -189,22 +223,19 @@ class Cluster:
             found = self._static[key] = make()
         return cast(T, found)
 
-    def kept_for(self, kind: str, owner: object, make: Callable[[], T]) -> T:
-        """kept_while_nodes_stand for what depends on one object (a gang) alone, found by its
-        identity instead of by hashing it: a replay visits every waiting gang at every cycle,
-        and hashing each one's request was a third of a backlog pinned to a rare GPU model
-        (#39). The owner is kept with it, so its identity cannot pass to another object."""
-        key = (kind, id(owner))
-        found = self._static.get(key)
-        if found is None or found[0] is not owner:
-            if len(self._static) >= MAX_KEPT:
-                # Owners come and go (each pass of the operator parses its jobs afresh).
-                self._forget_static()
-            found = self._static[key] = (owner, make())
+    def kept_for(self, kind: str, gang: GangRequest, make: Callable[[], T]) -> T:
+        """kept_while_nodes_stand for what depends on one gang alone, kept on the gang itself
+        (GangRequest.kept) instead of hashing it: a replay visits every waiting gang at every
+        cycle, and hashing each one's request was a third of a backlog pinned to a rare GPU
+        model (#39). It goes with the gang, so no table of dead gangs grows."""
+        found = gang.kept.get(kind)
+        if found is None or found[0] is not self._static_token:
+            found = gang.kept[kind] = (self._static_token, make())
         return cast(T, found[1])
 
     def _forget_static(self) -> None:
         self._static.clear()
+        self._static_token = object()
         self.static_generation += 1
 
     def nodes_edited(self) -> None:
@@ -225,6 +256,7 @@ class Cluster:
     def _changed(self, name: str) -> None:
         self.version += 1
         self._changes[name] = self._changes.get(name, 0) + 1
+        self._unshared.add(name)
 
     # ----- allocations -------------------------------------------------------
 

@@ -218,25 +218,33 @@ def _choose_nodes(
 
 
 def _candidates(cluster: Cluster, req: WorkerRequest) -> list[Candidate]:
-    nodes: Iterable[NodeState]
-    nodes = cluster.nodes_with_free_at_least(req.gpus) if req.guaranteed else cluster.nodes.values()
     kept = cluster.kept_verdicts(req)
     found = []
-    for node in nodes:
+    for node in _may_fit(cluster, req):
         capacity = room_of(cluster, node, req, kept)
         if capacity > 0:
             found.append((node, capacity))
     return found
 
 
+def _may_fit(cluster: Cluster, req: WorkerRequest, workers: int = 1) -> Iterable[NodeState]:
+    """The only nodes with GPUs for `workers` workers of `req` now (other checks aside)."""
+    if req.guaranteed:
+        return cluster.nodes_with_free_at_least(req.gpus * workers)
+    return cluster.open_to_opportunistic(req.gpus * workers, req.opportunistic_memory_mib)
+
+
 def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candidate] | None:
     kept = cluster.kept_verdicts(req)
     if req.guaranteed:
         # The index yields the tightest nodes first, so the first fit is the best fit.
-        for node in cluster.nodes_with_free_at_least(req.gpus * workers):
+        for node in _may_fit(cluster, req, workers):
             if room_of(cluster, node, req, kept) >= workers:
                 return [(node, workers)]
         return None
+    memory = req.opportunistic_memory_mib
+    if next(iter(_may_fit(cluster, req, workers)), None) is None:
+        return None  # a packed cluster: no node to judge
     if req.gpus == 1:
         # Branch and bound: nodes by the most a 1-GPU worker could score there (name breaks
         # ties, as the score does); once that cannot beat the best found, nothing later can.
@@ -244,6 +252,8 @@ def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candid
         for bound, name in by_opportunistic_bound(cluster):
             if best is not None and (bound, name) > best:
                 break
+            if not cluster.may_share(name, workers, memory):
+                continue
             node = cluster.nodes[name]
             if room_of(cluster, node, req, kept) >= workers:
                 key = (-score_of(cluster, node, req, kept), name)
@@ -253,8 +263,8 @@ def _one_node(cluster: Cluster, req: WorkerRequest, workers: int) -> list[Candid
     # Wider workers have no cheap bound: every node, the best score, then the name.
     found = min(
         (
-            (-score_of(cluster, node, req, kept), name)
-            for name, node in cluster.nodes.items()
+            (-score_of(cluster, node, req, kept), node.name)
+            for node in _may_fit(cluster, req, workers)
             if room_of(cluster, node, req, kept) >= workers
         ),
         default=None,

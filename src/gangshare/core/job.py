@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from gangshare.core.constraints import UNCONSTRAINED, PodConstraints
 
@@ -144,6 +145,13 @@ class GangRequest:
     # Other (workers, GPUs per worker) its author allows, the same GPUs in all: what shape
     # advice (core/shape_advice.py) may propose.
     alternative_shapes: tuple[tuple[int, int], ...] = ()
+    # What a cluster judged of this very request (Cluster.kept_for): kind -> (the cluster's
+    # token while its nodes stand, the value). Kept on the gang so that it lives as long as
+    # the gang does: held in one table, 50,000 queued gangs outgrew any bound and were
+    # judged afresh at every pass (#39).
+    kept: dict[str, tuple[object, Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         if self.workers < 1:

@@ -8,6 +8,7 @@ until then: judging every open lane at every pop was a sixth of a backlogged rep
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from gangshare.core.queueing import QueuedJob
@@ -21,19 +22,29 @@ class LanePicker:
     ) -> None:
         self._priority = priority
         self._admitted = admitted
-        self._seen_admitted = 0
-        self._kept: dict[int, tuple[object, ...]] = {}
+        self._seen_admitted = -1
+        # Open lanes by (priority, place among the lanes), best first; the lane last picked
+        # is out of it until it is pushed again with its new head's priority.
+        self._heap: list[tuple[tuple[object, ...], int, Lane]] = []
+        self._place: dict[int, int] = {}
+        self._picked: Lane | None = None
 
     def pick(self, open_lanes: list[Lane]) -> Lane:
-        """The open lane to visit next (the first of equals, in `open_lanes` order); the
-        caller pops its head, so its priority is judged again next time."""
+        """The open lane to visit next (the first of equals, in `open_lanes` order, which only
+        ever loses lanes); the caller pops its head, so its priority is judged again next
+        time. A heap, not a scan of every lane at every pop: the scan was a sixth of a pass
+        over 35,000 waiting jobs in 9 lanes (#39)."""
+        if not self._place:
+            self._place = {id(lane): i for i, lane in enumerate(open_lanes)}
+        heap = self._heap
         if self._admitted() != self._seen_admitted:
             self._seen_admitted = self._admitted()
-            self._kept.clear()
-        kept = self._kept
-        for lane in open_lanes:
-            if id(lane) not in kept:
-                kept[id(lane)] = self._priority(lane)
-        chosen = min(open_lanes, key=lambda lane: kept[id(lane)])
-        del kept[id(chosen)]
-        return chosen
+            heap[:] = [(self._priority(lane), self._place[id(lane)], lane) for lane in open_lanes]
+            heapq.heapify(heap)
+        elif self._picked:  # still open (a lane closes once empty)
+            picked = self._picked
+            heapq.heappush(heap, (self._priority(picked), self._place[id(picked)], picked))
+        while not heap[0][2]:
+            heapq.heappop(heap)  # closed since it was pushed
+        self._picked = heapq.heappop(heap)[2]
+        return self._picked

@@ -62,6 +62,16 @@ class NodeState:
         self._free_guaranteed = sum(1 for g in self.gpus if g.free_for_guaranteed)
         self.version = next(_VERSIONS)
 
+    def shareable_spares(self) -> tuple[int, ...]:
+        """The spare memory (MiB) of each GPU an opportunistic worker could share now
+        (healthy, a share slot free), largest first."""
+        return tuple(
+            sorted(
+                (g.spare_memory_mib() for g in self.gpus if g.gpu.healthy and g.free_share_slots()),
+                reverse=True,
+            )
+        )
+
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)

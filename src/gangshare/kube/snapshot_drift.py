@@ -17,7 +17,15 @@ from gangshare.kube.snapshot import Snapshot
 # How often the operator audits by default (--snapshot-audit-seconds).
 AUDIT_SECONDS = 120.0
 # The kinds of drift, each a metric label.
-DRIFT_KINDS = ("nodes", "allocations", "requests", "running", "displaced", "warnings")
+DRIFT_KINDS = (
+    "nodes",
+    "allocations",
+    "requests",
+    "running",
+    "displaced",
+    "warnings",
+    "trainingjobs",  # the operator's kept TrainingJob counts (operator/job_counts.py)
+)
 
 
 def snapshot_drift(kept: Snapshot, rebuilt: Snapshot) -> list[tuple[str, str]]:

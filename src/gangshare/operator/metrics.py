@@ -31,6 +31,7 @@ from gangshare.kube.queued_kinds import workload_kind_name
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.snapshot_drift import DRIFT_KINDS
 from gangshare.operator.actions import Event
+from gangshare.operator.job_counts import JobCounts, TrainingJobKey
 
 # Every phase a TrainingJob's status can have; New: no status yet (the operator has not seen it).
 PHASES = ("New", "Queued", "Admitted", "Running", "Restarting", "Succeeded", "Failed")
@@ -45,24 +46,15 @@ KIND_HELP = (
     "PyTorchJob or TrainJob, the object its spec.jobRef names; Other, a jobRef to none of those)"
 )
 
-TrainingJobKey = tuple[str, str, str, str]  # (phase, service_class, queue, kind)
-
 
 def trainingjob_counts(jobs: Iterable[Mapping[str, Any]]) -> dict[TrainingJobKey, int]:
-    """TrainingJobs by (phase, service class, queue, kind); every phase, 0 included, for each
-    class, queue and kind that has a job, so a count that drops to 0 reads 0 instead of
-    vanishing."""
-    counts: dict[TrainingJobKey, int] = {}
-    for job in jobs:
-        spec, status = job.get("spec") or {}, job.get("status") or {}
-        # As kube.claims.admitted_class: the class admission decided, else what the spec asks.
-        service_class = str(status.get("serviceClass") or spec.get("serviceClass", "Guaranteed"))
-        queue = str(spec.get("queue", "default"))
-        kind = workload_kind_name(job)
+    """TrainingJobs by (phase, service class, queue, kind) but those being deleted; every
+    phase, 0 included, for each class, queue and kind that has a job, so a count that drops
+    to 0 reads 0 instead of vanishing."""
+    counts = JobCounts.of(jobs).counts()
+    for _, service_class, queue, kind in list(counts):
         for phase in PHASES:
             counts.setdefault((phase, service_class, queue, kind), 0)
-        key = (str(status.get("phase") or "New"), service_class, queue, kind)
-        counts[key] = counts.get(key, 0) + 1
     return counts
 
 

@@ -176,7 +176,10 @@ class SchedulerLoop:
                 jobs,
                 self.policy.default_runtime_seconds,
             )
-        self.metrics.set_trainingjobs(jobs)
+        if self.view is not None:
+            self.metrics.set_trainingjob_counts(self.view.job_counts.counts())
+        else:
+            self.metrics.set_trainingjobs(jobs)
         self._log_new_warnings(snapshot.warnings)
         now = self.clock.now()
         policy = self._policy_of_the_pass(snapshot.warnings)
@@ -278,8 +281,11 @@ class SchedulerLoop:
                 len([f for f in forecasts.values() if f.start is not None]),
             )
         # Of the jobs still waiting: the last forecast may name some admitted since.
-        waiting = {p.job.key for p in result.pending if p.kind is not PendingKind.INADMISSIBLE}
-        self.metrics.set_forecasts([f for k, f in forecasts.items() if k in waiting], now)
+        if forecasts:
+            waiting = {p.job.key for p in result.pending if p.kind is not PendingKind.INADMISSIBLE}
+            self.metrics.set_forecasts([f for k, f in forecasts.items() if k in waiting], now)
+        else:
+            self.metrics.set_forecasts([], now)
         return forecasts
 
     # ----- queues --------------------------------------------------------------------

@@ -5,7 +5,9 @@ applies only that to a snapshot that lives across passes (kube/standing.py); its
 plans on that cluster inside `undone_after`, and an admission is held again from the job's
 status once written. Every `audit_seconds` a pass also rebuilds the snapshot from everything
 the stores hold at the same moment, compares (kube/snapshot_drift.py), counts what drifted
-in gangshare_snapshot_drift_total, logs it, and starts afresh from the rebuild.
+in gangshare_snapshot_drift_total, logs it, and starts afresh from the rebuild. The TrainingJob
+counts the metrics report are kept from the same changes (operator/job_counts.py) and audited
+with it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 from gangshare.kube.snapshot import Snapshot, build_snapshot
 from gangshare.kube.snapshot_drift import AUDIT_SECONDS, snapshot_drift
 from gangshare.kube.standing import StandingSnapshot
-from gangshare.operator.informers import Informers
+from gangshare.operator.informers import Informers, object_key
+from gangshare.operator.job_counts import JobCounts
 from gangshare.operator.metrics import OperatorMetrics
 
 log = logging.getLogger("gangshare.operator")
@@ -39,6 +42,7 @@ class StandingView:
         self.audit_seconds = audit_seconds
         self.clock = clock
         self.standing: StandingSnapshot | None = None
+        self.job_counts = JobCounts()
         self._audited_at = clock()
         self.audits = 0
         self.drift_found = 0
@@ -51,7 +55,9 @@ class StandingView:
         jobs, nodes, pods = taken.changes
         if self.standing is None:  # the first take brings everything the stores hold
             self.standing = StandingSnapshot(self.default_runtime_seconds)
+            self.job_counts = JobCounts()
         try:
+            self.job_counts.apply(jobs)
             self.standing.apply(nodes, pods, jobs)
         except Exception:
             # Half applied, and the changes are taken: the next pass starts from everything.
@@ -73,6 +79,10 @@ class StandingView:
         live = [j for j in jobs if not (j.get("metadata") or {}).get("deletionTimestamp")]
         rebuilt = build_snapshot(nodes, pods, live, self.default_runtime_seconds)
         drift = snapshot_drift(self.standing.snapshot(), rebuilt)
+        counted = JobCounts()
+        counted.apply({object_key(job): job for job in jobs})
+        if counted.counts() != self.job_counts.counts():
+            drift.append(("trainingjobs", "the TrainingJob counts differ from a count afresh"))
         self.audits += 1
         self.metrics.snapshot_audits.inc()
         if not drift:
@@ -93,3 +103,4 @@ class StandingView:
             "; ".join(what for _, what in drift[:5]),
         )
         self.standing = StandingSnapshot.of(nodes, pods, jobs, self.default_runtime_seconds)
+        self.job_counts = counted

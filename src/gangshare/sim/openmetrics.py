@@ -47,7 +47,8 @@ from prometheus_client.samples import Sample
 
 from gangshare.agent.metrics import MIB, AgentMetrics
 from gangshare.core.queues import QueueSpec
-from gangshare.operator.metrics import OperatorMetrics, TrainingJobKey
+from gangshare.operator.job_counts import TrainingJobKey
+from gangshare.operator.metrics import OperatorMetrics
 
 if TYPE_CHECKING:
     from gangshare.sim.engine import Simulation

@@ -174,12 +174,13 @@ def test_queued_jobs_are_parsed_once_per_resource_version(monkeypatch):
     invalid = make_job("c").spec(workers=0).status(phase="Queued").build()
     first = jobs.queued([a, backing_off, invalid], 1.0)
     assert [q.key for q in first] == ["team/a"]
-    assert jobs.queued([a, invalid], 2.0)[0] is first[0]  # same version: same object
-    assert parses == ["a", "c"]
+    # A job backing off is read (when it may retry) once per version too.
+    assert jobs.queued([a, backing_off, invalid], 2.0)[0] is first[0]  # same version: same
+    assert parses == ["a", "b", "c"]
     a["metadata"]["resourceVersion"] = "2"
     a["spec"]["workers"] = 2
     again = jobs.queued([a], 3.0)
-    assert parses == ["a", "c", "a"] and again[0].gpus == 2
+    assert parses == ["a", "b", "c", "a"] and again[0].gpus == 2
 
 
 def test_stores_that_hear_nothing_make_the_operator_stalled():
@@ -323,3 +324,28 @@ def test_a_pass_admits_more_only_once_the_last_passs_admitted_gangs_have_their_p
     second_pass.join(10)
     assert reports[0].admitted == ["team/second"]
     assert reconciler.started[0] == "first"
+
+
+def test_a_kept_prediction_stands_until_a_run_is_learnt_or_the_queue_defaults_change():
+    from gangshare.core.queues import by_name
+    from gangshare.operator import waiting as module
+
+    jobs = module.WaitingJobs(default_runtime_seconds=3600)
+    queued = make_job("a").spec(queue="q").status(phase="Queued", queuedAt="2026-11-24T00:00:00Z")
+    a = queued.build()
+    plain = QueuePolicy()
+    jobs.learn([], plain)
+    assert jobs.queued([a], 1.0)[0].runtime_estimate == 3600
+    assert jobs.queued([a], 2.0)[0].runtime_estimate == 3600
+    done = make_job("done").spec(queue="q").build()
+    done["status"] = {
+        "phase": "Succeeded",
+        "startedAt": "2026-11-24T00:00:00Z",
+        "completedAt": "2026-11-24T00:10:00Z",
+    }
+    jobs.learn([done], plain)
+    assert jobs.queued([a], 3.0)[0].runtime_estimate == 600  # its one run of that shape
+    other = make_job("b").spec(queue="r").status(phase="Queued").build()
+    assert jobs.queued([other], 4.0)[0].runtime_estimate == 3600
+    jobs.learn([done], QueuePolicy(queues=by_name([QueueSpec("r", default_runtime_seconds=60)])))
+    assert jobs.queued([other], 5.0)[0].runtime_estimate == 60

@@ -4,13 +4,14 @@ audit finds, counts and repairs; what the stores hear is applied without one."""
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import pytest
 from jobs import make_job, nodes, pod
 
 from gangshare.operator.informers import Informers
-from gangshare.operator.metrics import OperatorMetrics
+from gangshare.operator.metrics import OperatorMetrics, trainingjob_counts
 from gangshare.operator.standing_view import StandingView
 
 SPEC = {"nodePools": [{"name": "n", "count": 2, "gpusPerNode": 4}]}
@@ -113,3 +114,59 @@ def test_a_pass_whose_changes_fail_to_apply_starts_the_next_from_everything(monk
     snapshot, jobs = view.snapshot()  # afresh, from everything the stores hold
     assert snapshot.cluster.node("n-0").free_guaranteed == 3
     assert snapshot.cluster.node("n-1").free_guaranteed == 3 and len(jobs) == 2
+
+
+def counted_afresh(informers: Informers) -> dict[Any, int]:
+    return {k: v for k, v in trainingjob_counts(informers.jobs.items()).items() if v}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_job_counts_kept_from_changes_are_a_count_afresh(seed: int):
+    """Through adds, phase moves, deletions, jobs being deleted, relists and a failed apply,
+    the counts the metrics report are those counting every job gives."""
+    rng = random.Random(seed)
+    informers, view, clock, _ = view_of(admitted("a", "n-0", 0))
+    names = [f"j{i}" for i in range(12)]
+    for step in range(60):
+        name, what = rng.choice(names), rng.random()
+        job = make_job(name).spec(queue=rng.choice(["q1", "q2"]))
+        job = job.status(phase=rng.choice(["Queued", "Running", "Succeeded", None]))
+        obj = job.build()
+        obj["metadata"]["resourceVersion"] = str(100 + step)
+        if what < 0.5:
+            informers.jobs.apply("MODIFIED", obj)
+        elif what < 0.7:
+            informers.jobs.apply("DELETED", obj)
+        elif what < 0.8:
+            obj["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+            informers.jobs.apply("MODIFIED", obj)
+        elif what < 0.9:
+            informers.jobs.replace([o for o in informers.jobs.items() if rng.random() < 0.7])
+        else:
+            view.standing = None  # as after a failed apply: afresh from everything
+            informers.restart_changes()
+        view.snapshot()
+        assert view.job_counts.counts() == counted_afresh(informers), step
+    clock.now = 61.0
+    view.snapshot()
+    assert view.audits == 1 and view.drift_found == 0
+
+
+def test_a_count_no_change_told_is_drift_the_audit_counts_and_repairs():
+    informers, view, clock, metrics = view_of(admitted("a", "n-0", 0))
+    view.snapshot()
+    moved = admitted("a", "n-0", 0)
+    moved["status"]["phase"] = "Succeeded"
+    informers.jobs._objects["team/a"] = moved  # no change recorded
+    view.snapshot()
+    assert view.job_counts.counts() != counted_afresh(informers)
+    clock.now = 61.0
+    view.snapshot()
+    assert view.drift_found >= 1 and drift_total(metrics) == view.drift_found
+    assert (
+        metrics.registry.get_sample_value(
+            "gangshare_snapshot_drift_total", {"kind": "trainingjobs"}
+        )
+        == 1.0
+    )
+    assert view.job_counts.counts() == counted_afresh(informers)
