@@ -17,7 +17,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gangshare.core.annotations import JOB_LABEL
 from gangshare.core.clock import Clock
 from gangshare.core.cluster import Cluster
 from gangshare.core.cycle import Admission, CycleResult, PendingKind, schedule_cycle
@@ -27,7 +26,7 @@ from gangshare.core.queues import DEFAULT_QUEUE, QueueSpec
 from gangshare.kube.claims import job_key
 from gangshare.kube.queue import default_queue_object, parse_queue
 from gangshare.kube.queued_kinds import workload_kind_name
-from gangshare.kube.snapshot import Snapshot, build_snapshot, parse_time
+from gangshare.kube.snapshot import Snapshot, build_snapshot
 from gangshare.kube.trainingjob import InvalidSpec
 from gangshare.operator.actions import Displacement
 from gangshare.operator.admitting import admission_needs_event, admission_status
@@ -35,19 +34,15 @@ from gangshare.operator.forecast_worker import ForecastWorker
 from gangshare.operator.forecasts import ForecastBook
 from gangshare.operator.informers import Informers
 from gangshare.operator.kubeapi import Conflict, KubeApi, LeadershipLost
-from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.metrics import OperatorMetrics
 from gangshare.operator.pending import PendingReasons
 from gangshare.operator.queue_status import changed_fields, queue_statuses
 from gangshare.operator.reconcile import Reconciler
+from gangshare.operator.resync import resync_keys
 from gangshare.operator.standing_view import StandingView
 from gangshare.operator.waiting import WaitingJobs
 
 log = logging.getLogger("gangshare.operator")
-# Every unfinished job with something to look after is reconciled again at least this often
-# (a backstop for missed watch events), at most RESYNC_PER_PASS of them per pass, oldest first.
-FULL_RESYNC_SECONDS = 30.0
-RESYNC_PER_PASS = 32
 # Reconciles a pass runs side by side (kopf's handlers run on as many).
 RECONCILE_WORKERS = 8
 # The admitted gangs' first reconciles (pods, Service, gates): mostly waiting on the API server.
@@ -240,7 +235,8 @@ class SchedulerLoop:
         urgent += self._displaced(snapshot.displaced, by_key)
         urgent += self._off_island(snapshot.off_island, by_key)
         already = {key for key, _ in urgent} | set(report.admitted)
-        resync, report.resynced = self._resync(jobs, now, already)
+        pods = self.informers.list_live_pods() if self.informers is not None else None
+        resync, report.resynced = resync_keys(jobs, pods, self.reconciler, now, already)
         # Evictions and releases are carried out before the next pass, which would otherwise
         # see the victims still holding their GPUs and reclaim again. The admitted gangs' pods
         # are made while the next pass reads and decides (it counts an admission from its
@@ -430,56 +426,3 @@ class SchedulerLoop:
             self.api.post_event(job, "Normal", reason, message, action="Schedule")
         log.info("%s %s", admission.job.key, message)
         return True
-
-    def _resync(
-        self, jobs: list[dict[str, Any]], now: float, already: set[str]
-    ) -> tuple[list[str], int]:
-        """Jobs to reconcile for time-driven steps no watch announces (new jobs, back-off,
-        TTL, asked-for wake-ups), and the backstop resync's share of this pass: unfinished
-        jobs nobody reconciled for FULL_RESYNC_SECONDS, oldest first, RESYNC_PER_PASS at most.
-        Returns the keys (none in `already`) and how many are the backstop's."""
-        owners = self._jobs_with_live_pods()
-        due: list[str] = []
-        stale: list[tuple[float, str]] = []
-        present = set()
-        for job in jobs:
-            status = job.get("status") or {}
-            phase = status.get("phase")
-            key = job_key(job)
-            present.add(key)
-            ready = phase is None or (
-                phase == "Restarting" and (parse_time(status.get("nextRetryAt")) or 0) <= now
-            )
-            ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
-            if phase in ("Succeeded", "Failed") and ttl is not None:
-                ready = ready or (parse_time(status.get("completedAt")) or now) + ttl <= now
-            if ready:
-                due.append(key)
-            elif phase not in ("Succeeded", "Failed") and resync_worthy(job, owners):
-                at = self.reconciler.reconciled_at(key)
-                if at is None or now - at >= FULL_RESYNC_SECONDS:
-                    stale.append((-1e18 if at is None else at, key))
-        self.reconciler.forget_all_but(present)
-        stale.sort()
-        backstop = [key for _, key in stale if key not in already][:RESYNC_PER_PASS]
-        keys = dict.fromkeys([*due, *backstop, *self.reconciler.due(now)])
-        return [key for key in keys if key not in already], len(backstop)
-
-    def _jobs_with_live_pods(self) -> set[str] | None:
-        """Keys of the jobs that own a live pod, from the pod store; None without one."""
-        if self.informers is None:
-            return None
-        owners = set()
-        for pod in self.informers.list_live_pods():
-            meta = pod.get("metadata") or {}
-            job = (meta.get("labels") or {}).get(JOB_LABEL)
-            if job:
-                owners.add(f"{meta.get('namespace')}/{job}")
-        return owners
-
-
-def resync_worthy(job: dict[str, Any], owners: set[str] | None) -> bool:
-    """Whether the backstop resync has anything to look after in an unfinished job. A Queued
-    job whose status is current and that owns no live pod has none (a pod of an earlier
-    attempt announces itself); without a pod store every job is looked at."""
-    return owners is None or job_needs_reconcile(job) or job_key(job) in owners

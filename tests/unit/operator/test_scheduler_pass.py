@@ -15,7 +15,7 @@ from gangshare.kube.trainingjob import parse_trainingjob
 from gangshare.operator.informers import Store, newer
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.pending import PendingReasons, detect_pending_write
-from gangshare.operator.scheduler import resync_worthy
+from gangshare.operator.resync import resync_worthy
 
 POLICY = QueuePolicy()
 
