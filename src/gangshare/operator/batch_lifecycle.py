@@ -33,14 +33,8 @@ from gangshare.operator.batch_pods import (
 from gangshare.operator.batch_pods import phase as pod_phase
 from gangshare.operator.conditions import condition, iso, set_condition
 from gangshare.operator.forecasts import written_forecast_note
-from gangshare.operator.lifecycle import (
-    Limits,
-    back_of_the_line,
-    commit_lift,
-    enqueue,
-    fail_invalid,
-    start_running,
-)
+from gangshare.operator.gang_commit import commit_lift, start_running
+from gangshare.operator.lifecycle import Limits, back_of_the_line, enqueue, fail_invalid
 from gangshare.operator.requeue import (
     Release,
     release_gang,

@@ -10,21 +10,25 @@ which is what makes a crash at any moment harmless.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
 from gangshare.core.failures import DEFAULT_IMAGE_PULL_GRACE_SECONDS, RetryPolicy
-from gangshare.kube.claims import admitted_class
 from gangshare.kube.snapshot import parse_time
 from gangshare.kube.trainingjob import InvalidSpec, TrainingJobSpec, parse_trainingjob
 from gangshare.operator.actions import Actions, Event, Observation
-from gangshare.operator.conditions import condition, iso, set_condition
+from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.first_queue import (
     first_queue_status,
     grace_left,
     place_in_line,
     queued_status,
+)
+from gangshare.operator.gang_commit import (
+    as_admitted,
+    commit_lift,
+    lone_worker_committed,
+    start_running,
 )
 from gangshare.operator.manifests import headless_service, worker_pod
 from gangshare.operator.pod_failures import detect_failure, is_deleting, pull_grace_left
@@ -35,16 +39,19 @@ from gangshare.operator.requeue import (
     requeue_off_island,
     requeue_preempted,
 )
-from gangshare.operator.starting import Pods, gang_nudges, gated, release_before_start
+from gangshare.operator.starting import gang_nudges, gated, release_before_start
+from gangshare.operator.worker_pods import (
+    TERMINAL,
+    all_bound,
+    is_terminal,
+    is_true,
+    pod_name,
+    split_pods,
+    until_stuck,
+    wait_for_name,
+    wake,
+)
 
-TERMINAL = ("Succeeded", "Failed")
-# Worker names are the same in every attempt. A pod of an earlier attempt whose phase is final
-# has left the operator's pod watch (informers.LIVE_PODS): when its kubelet completes its
-# deletion, no event says so. While such a pod holds the name of a worker to create, the job
-# looks again this often; less often the longer the pod outlives its deletion deadline (a
-# dead node's pods wait for the force-delete).
-NAME_POLL_SECONDS = 0.5
-NAME_POLL_MAX_SECONDS = 5.0
 __all__ = ["Actions", "Event", "Limits", "Observation", "detect_actions"]
 
 
@@ -90,12 +97,12 @@ def detect_actions(
         queued_at = place_in_line(seen.job, seen.now)
         return enqueue(spec, status, seen.now, generation, first=True, queued_at=queued_at)
     attempt = int(status.get("attempt", 0))
-    current, stale = _split_pods(seen.pods, attempt, spec.uid)
-    actions = Actions(delete_pods=[_name(p) for p in stale if not is_deleting(p)])
+    current, stale = split_pods(seen.pods, attempt, spec.uid)
+    actions = Actions(delete_pods=[pod_name(p) for p in stale if not is_deleting(p)])
     for pod in [*current.values(), *stale]:
-        left = _until_stuck(pod, seen.now, limits)
+        left = until_stuck(pod, seen.now, limits.stuck_pod_seconds)
         if left is not None and left <= 0:
-            actions.force_delete_pods.append(_name(pod))
+            actions.force_delete_pods.append(pod_name(pod))
         elif left is not None:
             wake(actions, left)
     if phase in ("Admitted", "Running"):
@@ -197,7 +204,7 @@ class _Gang:
 
 def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     spec, status, current, seen, gen = gang.spec, gang.status, gang.current, gang.seen, gang.gen
-    created = _is_true(status, "GangScheduled")
+    created = is_true(status, "GangScheduled")
     lone = (
         None if created else lone_worker_committed(status, current, spec.pod_count, seen.now, gen)
     )
@@ -223,7 +230,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
     pulling = pull_grace_left(current, seen.now, gang.limits.image_pull_grace_seconds)
     if pulling is not None:
         wake(actions, pulling)
-    if status.get("phase") == "Admitted" and not _all_bound(current, spec.pod_count):
+    if status.get("phase") == "Admitted" and not all_bound(current, spec.pod_count):
         release, later = release_before_start(
             status,
             current,
@@ -247,7 +254,7 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
             # Service (with the Endpoints and EndpointSlice it makes) was three of the API
             # server's twenty requests per one-GPU job (bench/scale.py).
             actions.create_service = headless_service(spec)
-        taken = {_name(p): p for p in gang.stale}
+        taken = {pod_name(p): p for p in gang.stale}
         for rank in range(spec.pod_count):
             if rank not in current and rank in placement:
                 worker = placement[rank]
@@ -260,20 +267,20 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
                     scheduler_name,
                     resume_step=(status.get("progress") or {}).get("steps"),
                 )
-                holder = taken.get(_name(pod))
+                holder = taken.get(pod_name(pod))
                 if holder is None:
                     actions.create_pods.append(pod)
                 else:
-                    _wait_for_name(holder, seen.now, actions)
+                    wait_for_name(holder, seen.now, actions)
         if len(current) == spec.pod_count:
             # The whole gang exists: commit to starting it (the status, written first, is what
             # the gang barrier passes on), then release every gate in one step.
-            actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
+            actions.lift_gates = [pod_name(p) for p in current.values() if gated(p)]
             message = f"all {spec.pod_count} pods created; scheduling gates lifted together"
             commit_lift(status, message, seen.now, gen, actions)
         return
     # Committed but interrupted (the operator stopped between two lifts): finish the lift.
-    actions.lift_gates = [_name(p) for p in current.values() if gated(p)]
+    actions.lift_gates = [pod_name(p) for p in current.values() if gated(p)]
     phases = [p.get("status", {}).get("phase") for p in current.values()]
     if len(current) == spec.pod_count and all(ph == "Succeeded" for ph in phases):
         message = f"all {spec.pod_count} pods succeeded"
@@ -294,63 +301,6 @@ def _advance_gang(gang: _Gang, actions: Actions, scheduler_name: str) -> None:
         actions.events.append(Event("Normal", "Completed", message))
     elif status.get("phase") == "Admitted" and all(ph in ("Running", "Succeeded") for ph in phases):
         start_running(status, f"all {spec.pod_count} pods running", seen.now, gen, actions)
-
-
-def commit_lift(
-    status: dict[str, Any], message: str, now: float, gen: int, actions: Actions
-) -> None:
-    """The whole gang exists: GangScheduled commits the lift of every gate (the extender's
-    barrier passes on it, and whichever reconcile comes next lifts any gate left)."""
-    actions.status["conditions"] = _gang_scheduled(status, message, now, gen)
-    actions.events.append(Event("Normal", "GangScheduled", message))
-
-
-def _gang_scheduled(
-    status: dict[str, Any], message: str, now: float, gen: int
-) -> list[dict[str, Any]]:
-    """The status's conditions with GangScheduled True: every worker exists."""
-    return set_condition(
-        status.get("conditions"), "GangScheduled", True, "AllWorkersCreated", message, now, gen
-    )
-
-
-def lone_worker_committed(
-    status: dict[str, Any], current: Pods, workers: int, now: float, gen: int
-) -> dict[str, Any] | None:
-    """The status with GangScheduled set, for a one-worker gang whose worker exists ungated
-    (manifests.worker_pod makes it so); None for any other gang. Such a gang has nothing to
-    commit (no sibling, no gate, and the extender's barrier passes it alone), so the condition
-    rides on the next status write its worker causes (Running, done, failed) instead of
-    costing one of its own: a TrainingJob status write was the API server's dearest request in
-    bench/scale.py (30% of its CPU at four a job)."""
-    if workers != 1 or len(current) != 1 or any(gated(p) for p in current.values()):
-        return None
-    return {**status, "conditions": _gang_scheduled(status, "its one worker created", now, gen)}
-
-
-def start_running(
-    status: dict[str, Any], message: str, now: float, gen: int, actions: Actions
-) -> None:
-    """An admitted gang all of whose workers run (or already finished) is Running: its
-    condition and status.startedAt say when, with no event (the decision was the admission,
-    told by the Admitted event)."""
-    actions.status.update(
-        {
-            "phase": "Running",
-            "startedAt": iso(now),
-            "startFailures": 0,
-            "message": message,
-            "conditions": set_condition(
-                status.get("conditions"), "Running", True, "AllWorkersRunning", message, now, gen
-            ),
-        }
-    )
-
-
-def as_admitted(spec: TrainingJobSpec, job: dict[str, Any]) -> TrainingJobSpec:
-    """The spec with the class admission decided: its workers ask for that class's GPUs."""
-    decided = admitted_class(job)
-    return spec if decided is spec.service_class else replace(spec, service_class=decided)
 
 
 def _finish_restart(
@@ -382,7 +332,7 @@ def _after_finish(
     if status.get("phase") == "Failed":
         # A failed gang gives its GPUs back at once.
         actions.delete_pods += [
-            _name(p) for p in current.values() if not is_deleting(p) and not _terminal(p)
+            pod_name(p) for p in current.values() if not is_deleting(p) and not is_terminal(p)
         ]
     ttl = spec.ttl_seconds_after_finished
     done = parse_time(status.get("completedAt"))
@@ -413,74 +363,3 @@ def fail_invalid(status: dict[str, Any], message: str, now: float, gen: int) -> 
         },
         events=[Event("Warning", "InvalidSpec", message)],
     )
-
-
-# ----- helpers ----------------------------------------------------------------------------------
-
-
-def _name(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["name"])
-
-
-def _terminal(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in TERMINAL
-
-
-def _is_true(status: dict[str, Any], kind: str) -> bool:
-    found = condition(status.get("conditions"), kind)
-    return bool(found and found.get("status") == "True")
-
-
-def _all_bound(current: dict[int, dict[str, Any]], workers: int) -> bool:
-    return len(current) == workers and all(
-        (p.get("spec") or {}).get("nodeName") for p in current.values()
-    )
-
-
-def _until_stuck(pod: dict[str, Any], now: float, limits: Limits) -> float | None:
-    """Seconds until a deleting pod counts as stuck (<= 0: it is); None if not deleting."""
-    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
-    return None if deadline is None else deadline + limits.stuck_pod_seconds - now
-
-
-def _wait_for_name(holder: dict[str, Any], now: float, actions: Actions) -> None:
-    """A worker whose name a pod of an earlier attempt still holds is created once that pod is
-    gone (a create now is refused: the name is taken). A live holder's own watch events (its
-    final phase, its deletion) wake the job; one whose phase is final sends none, so the job
-    looks again shortly."""
-    if not _terminal(holder):
-        return
-    deadline = parse_time((holder.get("metadata") or {}).get("deletionTimestamp"))
-    overdue = 0.0 if deadline is None else max(0.0, now - deadline)
-    wake(actions, min(NAME_POLL_MAX_SECONDS, max(NAME_POLL_SECONDS, overdue / 4)))
-
-
-def wake(actions: Actions, seconds: float) -> None:
-    """Ask for another look in `seconds` (the earliest of all such asks wins)."""
-    if actions.requeue_after is None or seconds < actions.requeue_after:
-        actions.requeue_after = max(0.0, seconds)
-
-
-def _owned_by(pod: dict[str, Any], uid: str) -> bool:
-    return any(
-        ref.get("controller") and ref.get("uid") == uid
-        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
-    )
-
-
-def _split_pods(
-    pods: list[dict[str, Any]], attempt: int, uid: str
-) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
-    """This attempt's workers by rank, and the job's older pods; pods the job does not control
-    (whatever their labels say) are neither: the operator never acts on them."""
-    current: dict[int, dict[str, Any]] = {}
-    stale: list[dict[str, Any]] = []
-    for pod in pods:
-        if not _owned_by(pod, uid):
-            continue
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if labels.get(ATTEMPT_LABEL) == str(attempt) and str(labels.get(RANK_LABEL, "")).isdigit():
-            current[int(labels[RANK_LABEL])] = pod
-        else:
-            stale.append(pod)
-    return current, stale

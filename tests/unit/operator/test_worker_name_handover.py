@@ -88,11 +88,11 @@ def test_a_live_pod_holding_the_name_is_waited_for_on_its_own_events() -> None:
 
 def test_the_look_again_slows_down_the_longer_the_old_pod_outlives_its_deadline() -> None:
     fresh = detect([old_worker("Failed", deadline=NOW + 20)])
-    assert fresh.requeue_after == 0.5  # lifecycle.NAME_POLL_SECONDS
+    assert fresh.requeue_after == 0.5  # worker_pods.NAME_POLL_SECONDS
     overdue = detect([old_worker("Failed", deadline=NOW - 8)])
     assert overdue.requeue_after == 2.0  # a quarter of the time it is overdue
     long_overdue = detect([old_worker("Succeeded", deadline=NOW - 50)])
-    assert long_overdue.requeue_after == 5.0  # lifecycle.NAME_POLL_MAX_SECONDS
+    assert long_overdue.requeue_after == 5.0  # worker_pods.NAME_POLL_MAX_SECONDS
     # One not yet deleted is deleted now (a pod whose phase is final goes at once).
     leftover = detect([old_worker("Succeeded", deadline=None)])
     assert leftover.delete_pods == ["j-worker-0"]
