@@ -132,6 +132,8 @@ class WaitingJobs:
             if built is None or built[:3] != (submitted, estimate, class_value):
                 queued = spec.queued(submitted, estimate, priority_classes)
                 built = (submitted, estimate, class_value, queued)
+            if built is not memo.built or memo.learnt != self._learnt:
+                # Kept as predicted now, even when the prediction came out the same.
                 parsed[uid] = replace(memo, built=built, learnt=self._learnt)
             result.append(built[3])
         self._parsed = parsed  # only this pass's queued jobs stay memoized

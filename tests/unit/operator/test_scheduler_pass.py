@@ -345,6 +345,20 @@ def test_a_kept_prediction_stands_until_a_run_is_learnt_or_the_queue_defaults_ch
     }
     jobs.learn([done], plain)
     assert jobs.queued([a], 3.0)[0].runtime_estimate == 600  # its one run of that shape
+    predicted: list[str] = []
+    real_predict = jobs.estimator.predict
+
+    def counting(queue: str, *rest: Any, **named: Any) -> float:
+        predicted.append(queue)
+        return real_predict(queue, *rest, **named)
+
+    jobs.estimator.predict = counting  # type: ignore[method-assign]
+    other_done = make_job("done2").spec(queue="s").build()
+    other_done["status"] = {**done["status"], "completedAt": "2026-11-24T00:20:00Z"}
+    jobs.learn([other_done], plain)  # a run of another queue: a's prediction stays 600
+    for at in (3.5, 3.6, 3.7):
+        assert jobs.queued([a], at)[0].runtime_estimate == 600
+    assert predicted == ["q"]  # predicted again once after the run was learnt, then kept
     other = make_job("b").spec(queue="r").status(phase="Queued").build()
     assert jobs.queued([other], 4.0)[0].runtime_estimate == 3600
     jobs.learn([done], QueuePolicy(queues=by_name([QueueSpec("r", default_runtime_seconds=60)])))
