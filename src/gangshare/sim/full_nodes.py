@@ -1,8 +1,16 @@
-"""Nodes with no GPU free for guaranteed work, and the gangs that can run only there.
+"""GPUs free for guaranteed work on the nodes pinned gangs can run on, and those gangs' shapes.
 
-A guaranteed job that can run only on such nodes is refused in this cycle, and nothing the
-cycle admits changes what those nodes hold (only guaranteed work counts, and none fits
-there): PendingIndex.candidates uses it to hand a cycle only the first of such jobs alike.
+Jobs alike (sim/pinned_lanes.py: shape, nodes, GPUs, priorities, estimate) pinned to nodes
+with F GPUs free for guaranteed work, each needing G: a cycle admits at most F // G of
+them, since admissions only take GPUs, so one of the first F // G + 1 is refused. Every job
+alike behind a refused one is refused too, and changes nothing:
+- refused by backfill, it is refused again, as reservations only grow in a cycle;
+- refused a place, it finds no place again, as its nodes only fill and its topology is as
+  strict (jobs alike stand in a lane in the order they came, so it waited no longer); the
+  reservation it asks for is the one its refused elder asked for, or one no earlier and
+  with no more to spare, as what was admitted since took GPUs from both alike
+  (core/backfill.dominated).
+PendingIndex.candidates hands a cycle only those first F // G + 1.
 """
 
 from __future__ import annotations
@@ -14,8 +22,8 @@ from gangshare.core.queueing import QueuedJob
 
 
 class FullNodes:
-    """Which nodes have no GPU free for guaranteed work in this cycle, and each gang's nodes
-    and shape there (what PendingIndex.candidates needs to leave out repeats)."""
+    """GPUs free for guaranteed work on the nodes gangs are pinned to, in this cycle, and each
+    gang's nodes and shape there (what PendingIndex.candidates needs to leave out repeats)."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -38,12 +46,10 @@ class FullNodes:
         """Whether the job can run only on nodes with fewer GPUs free for guaranteed work
         than it needs."""
         nodes, _ = self.where(job.gang)
-        return nodes is not None and self._free(nodes) < job.gpus
+        return nodes is not None and self.free(nodes) < job.gpus
 
-    def full(self, nodes: frozenset[str]) -> bool:
-        return self._free(nodes) == 0
-
-    def _free(self, nodes: frozenset[str]) -> int:
+    def free(self, nodes: frozenset[str]) -> int:
+        """GPUs free for guaranteed work on these nodes, as the cycle starts."""
         free = self._free_on.get(nodes)
         if free is None:
             nodes_of = self.cluster.nodes

@@ -210,16 +210,15 @@ class PendingIndex:
           reserves that quota (core.cycle, EASY backfill), which refuses the jobs behind
           it that would not end before the reservation.
         - `on_full_nodes` (given only where no lanes compete: no fair share, no cohorts):
-          for a guaranteed job that runs only on some nodes, none of which has a GPU free
-          for guaranteed work, a token of its shape on those nodes. Such a job is refused
-          in this cycle, and no guaranteed admission changes what those nodes hold, so of
-          the jobs of a lane without a quota that share a token, GPUs, priorities and
-          estimate, all but the first are refused exactly as it is and reserve what it
-          reserved (core/reserving.py: kept per nodes and GPUs, else dominated): only the
-          first is kept. A backlog pinned to a rare GPU model was most of a cycle (#39);
-          visiting all of it to find those firsts was next, so such lanes are kept grouped
-          by pinned nodes and kind (sim/pinned_lanes.py), but under an order that moves
-          with the estimates.
+          the GPUs free for guaranteed work on the nodes a guaranteed job is pinned to, and
+          a token of its shape there. Of the jobs of a lane without a quota that share a
+          token, GPUs, priorities and estimate, the cycle admits no more than those GPUs
+          hold, and every job behind one it refused is refused as it was and reserves
+          nothing it did not (sim/full_nodes.py says why): only as many as the GPUs could
+          hold, and one more, are kept. A backlog pinned to a rare GPU model was most of a
+          cycle (#39); visiting all of it to find those firsts was next, so such lanes are
+          kept grouped by pinned nodes and kind (sim/pinned_lanes.py), but under an order
+          that moves with the estimates.
         """
         self._estimates.clear()
         rooms = borrow_room or {}
@@ -231,7 +230,7 @@ class PendingIndex:
             borrow = min(rooms.get(lane[0], 0), share_slots) if guaranteed else 0
             if not self._strict(lane) and pinned is not None and room == UNLIMITED:
                 assert on_full_nodes is not None  # for mypy: pinned is made from it
-                chosen.extend(map(self._fresh, pinned.kept(lane, on_full_nodes.full)))
+                chosen.extend(map(self._fresh, pinned.kept(lane, on_full_nodes.free)))
                 continue
             if not self._strict(lane):
                 # Most of a backlogged lane is skipped: only the jobs kept get fresh estimates.

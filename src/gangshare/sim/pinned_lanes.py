@@ -1,11 +1,10 @@
 """The jobs of each lane grouped by the nodes they are pinned to and by kind, in lane order.
 
-PendingIndex.candidates hands a cycle, of the jobs of a lane pinned to nodes with no GPU
-free for guaranteed work, only the first of each kind (sim/full_nodes.py says why that
-changes no decision). Finding them by visiting the whole lane at every cycle was itself
-the cost once a backlog pinned to a rare GPU model grew to thousands (#39); kept grouped,
-a cycle visits the jobs that may run, the first of each kind, and every job of nodes that
-have GPUs free.
+PendingIndex.candidates hands a cycle, of the jobs alike pinned to some nodes, only as many
+as those nodes have room for, and one more (sim/full_nodes.py says why that changes no
+decision). Finding them by visiting the whole lane at every cycle was itself the cost once a
+backlog pinned to a rare GPU model grew to thousands (#39); kept grouped, a cycle visits the
+jobs that may run anywhere, and of each kind pinned to some nodes the first few.
 """
 
 from __future__ import annotations
@@ -13,9 +12,10 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from gangshare.core.job import ServiceClass
-from gangshare.core.queueing import QueuedJob
+from gangshare.core.queueing import PodPriority, QueuedJob
 from gangshare.sim.full_nodes import FullNodes
 
 LaneKey = tuple[str, str, str]
@@ -42,11 +42,24 @@ def _paired(ordered: Ordered) -> Iterable[tuple[SortKey, QueuedJob]]:
     return zip(*ordered, strict=True)
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """All of a pinned job that a cycle's judgement of it reads, but its name and how long it
+    waited (so jobs alike stand in a lane in the order they came, and a topology that loosens
+    with waiting is never looser for a later one)."""
+
+    shape: object
+    gpus: int
+    priority: int
+    pod_priority: PodPriority | None
+    estimate: float | None
+
+
 class _Lane:
     def __init__(self) -> None:
         self.anywhere: Ordered = ([], [])
         # nodes -> kind -> jobs
-        self.pinned: dict[frozenset[str], dict[object, Ordered]] = {}
+        self.pinned: dict[frozenset[str], dict[_Kind, Ordered]] = {}
 
 
 class PinnedLanes:
@@ -59,7 +72,7 @@ class PinnedLanes:
         self._own_estimates = own_estimates
         self._lanes: dict[LaneKey, _Lane] = {}
         # job key -> where it was put: (nodes, kind), nodes None when it may run anywhere.
-        self._put: dict[str, tuple[frozenset[str] | None, object]] = {}
+        self._put: dict[str, tuple[frozenset[str] | None, _Kind | None]] = {}
 
     def fill(self, lanes: Iterable[tuple[LaneKey, list[SortKey], list[QueuedJob]]]) -> None:
         for lane, keys, jobs in lanes:
@@ -70,7 +83,7 @@ class PinnedLanes:
         nodes, kind = self._where(job)
         self._put[job.key] = (nodes, kind)
         grouped = self._lanes.setdefault(lane, _Lane())
-        if nodes is None:
+        if nodes is None or kind is None:
             _insert(grouped.anywhere, order, job)
         else:
             _insert(grouped.pinned.setdefault(nodes, {}).setdefault(kind, ([], [])), order, job)
@@ -78,7 +91,7 @@ class PinnedLanes:
     def remove(self, lane: LaneKey, order: SortKey, key: str) -> None:
         nodes, kind = self._put.pop(key)
         grouped = self._lanes[lane]
-        if nodes is None:
+        if nodes is None or kind is None:
             _delete(grouped.anywhere, order)
             return
         kinds = grouped.pinned[nodes]
@@ -88,22 +101,22 @@ class PinnedLanes:
             if not kinds:
                 del grouped.pinned[nodes]
 
-    def kept(self, lane: LaneKey, full: Callable[[frozenset[str]], bool]) -> Iterator[QueuedJob]:
-        """The lane's jobs in order, but of those pinned to full nodes the first of each kind."""
+    def kept(self, lane: LaneKey, free: Callable[[frozenset[str]], int]) -> Iterator[QueuedJob]:
+        """The lane's jobs in order, but of the jobs alike pinned to some nodes only as many as
+        the GPUs free there for guaranteed work (`free`) could hold, and one more."""
         grouped = self._lanes[lane]
         streams: list[Iterable[tuple[SortKey, QueuedJob]]] = [_paired(grouped.anywhere)]
         for nodes, kinds in grouped.pinned.items():
-            if full(nodes):
-                firsts = sorted((keys[0], jobs[0]) for keys, jobs in kinds.values())
-                streams.append(firsts)
-            else:
-                streams.extend(_paired(ordered) for ordered in kinds.values())
+            room = free(nodes)
+            for kind, (keys, jobs) in kinds.items():
+                first = room // kind.gpus + 1
+                streams.append(zip(keys[:first], jobs[:first], strict=True))
         for _, job in heapq.merge(*streams, key=lambda item: item[0]):
             yield job
 
-    def _where(self, job: QueuedJob) -> tuple[frozenset[str] | None, object]:
+    def _where(self, job: QueuedJob) -> tuple[frozenset[str] | None, _Kind | None]:
         if job.service_class is not ServiceClass.GUARANTEED:
             return None, None
         nodes, shape = self.full.where(job.gang)
         estimate = job.runtime_estimate if self._own_estimates else None
-        return nodes, (shape, job.gpus, job.priority, job.pod_priority, estimate)
+        return nodes, _Kind(shape, job.gpus, job.priority, job.pod_priority, estimate)

@@ -15,6 +15,7 @@ import gangshare.sim.engine as engine
 from gangshare.core import Cluster, GangRequest, Gpu, NodeState, ServiceClass
 from gangshare.core.cycle import PendingKind, schedule_cycle
 from gangshare.core.gang import never_fits
+from gangshare.core.job import Topology, TopologyPolicy, TopologyScope
 from gangshare.core.queueing import Ordering, QueuedJob, QueuePolicy, RunningJob, policy_refusal
 from gangshare.sim.decide import decide
 from gangshare.sim.pending import PendingIndex
@@ -197,10 +198,20 @@ def test_a_job_its_quota_blocks_behind_the_head_is_handed_to_the_cycle_for_its_r
     assert plans(got) == plans(expected)
 
 
+# Whole gangs on one node: GPUs free on several nodes may not hold one; and such a gang that
+# holds out for its node only a while (the jobs alike then differ by how long they waited).
+TOPOLOGIES = [
+    Topology(),
+    Topology(TopologyPolicy.REQUIRED, TopologyScope.NODE),
+    Topology(TopologyPolicy.PREFERRED, TopologyScope.NODE, relax_after_seconds=12.0),
+]
+
+
 @st.composite
 def rare_model_backlogs(draw):
     """A backfill cluster whose rarer model is mostly held by guaranteed work, and a backlog
-    in which many jobs alike are pinned to it (#39)."""
+    in which many jobs alike are pinned to it (#39): its nodes have a few GPUs free, or
+    none."""
     nodes = [
         NodeState.build(
             f"{model}{i}", [Gpu(g, f"u{model}{i}-{g}", model, 24576) for g in range(4)], []
@@ -225,6 +236,7 @@ def rare_model_backlogs(draw):
             workers=draw(st.sampled_from([1, 1, 2])),
             gpus_per_worker=draw(st.sampled_from([1, 1, 2])),
             gpu_model=draw(st.sampled_from(["A10", "A10", None])),
+            topology=draw(st.sampled_from(TOPOLOGIES)),
         )
         pending.append(
             QueuedJob(
@@ -248,25 +260,27 @@ def rare_model_backlogs(draw):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rare_model_backlogs())
-def test_a_cycle_handed_one_of_each_kind_of_job_pinned_to_full_nodes_decides_the_same(snapshot):
+def test_a_cycle_handed_of_jobs_alike_pinned_to_some_nodes_one_more_than_fit_decides_the_same(
+    snapshot,
+):
     cluster, running, pending, policy, predict = snapshot
     pending = [q for q in pending if never_fits(cluster, q.gang) is None]
     assert_decide_is_the_cycle(cluster, running, pending, policy, predict)
 
 
-def test_of_jobs_alike_pinned_to_full_nodes_a_cycle_is_handed_the_first(monkeypatch):
+def rare_model_held(gpus: tuple[int, ...]) -> tuple[Cluster, list[RunningJob]]:
+    """A node of four common GPUs, free, and one of four rare ones whose `gpus` a job holds."""
     nodes = [
         NodeState.build(name, [Gpu(g, f"u{name}-{g}", model, 24576) for g in range(4)], [])
         for name, model in (("common", "H100"), ("rare", "A10"))
     ]
     cluster = Cluster(nodes)
-    cluster.allocate("run", "w", "rare", (0, 1, 2, 3), ServiceClass.GUARANTEED)
-    running = [RunningJob("run", "a", 4, ServiceClass.GUARANTEED, expected_end=500.0)]
-    policy = QueuePolicy(backfill=True)
-    index = PendingIndex(policy)
-    for i in range(10):
-        gang = GangRequest(f"p{i}", workers=1, gpus_per_worker=1, gpu_model="A10" if i else None)
-        index.add(QueuedJob(gang.owner, gang, submitted_at=float(i), runtime_estimate=100.0))
+    cluster.allocate("run", "w", "rare", gpus, ServiceClass.GUARANTEED)
+    return cluster, [RunningJob("run", "a", len(gpus), ServiceClass.GUARANTEED, 500.0)]
+
+
+def decided_on(monkeypatch, cluster, index, running, policy):
+    """decide's result, and the keys of the jobs it handed the cycle."""
     handed = []
 
     def cycle(cluster, pending, running, policy, now):
@@ -274,11 +288,34 @@ def test_of_jobs_alike_pinned_to_full_nodes_a_cycle_is_handed_the_first(monkeypa
         return schedule_cycle(cluster, pending, running, policy, now)
 
     monkeypatch.setattr(decide_module, "schedule_cycle", cycle)
-    got = decide(copy.deepcopy(cluster), index, running, policy, 25.0)
+    return decide(copy.deepcopy(cluster), index, running, policy, 25.0), handed
+
+
+def test_of_jobs_alike_pinned_to_full_nodes_a_cycle_is_handed_the_first(monkeypatch):
+    cluster, running = rare_model_held((0, 1, 2, 3))
+    policy = QueuePolicy(backfill=True)
+    index = PendingIndex(policy)
+    for i in range(10):
+        gang = GangRequest(f"p{i}", workers=1, gpus_per_worker=1, gpu_model="A10" if i else None)
+        index.add(QueuedJob(gang.owner, gang, submitted_at=float(i), runtime_estimate=100.0))
+    got, handed = decided_on(monkeypatch, cluster, index, running, policy)
     assert handed == ["p0", "p1"]  # the free one, and the first of the nine pinned alike
     assert [a.job.key for a in got.admitted] == ["p0"]
     [reserved] = got.reservations
     assert reserved.head == "p1" and reserved.nodes == frozenset({"rare"})
+
+
+def test_of_jobs_alike_pinned_to_nodes_with_room_a_cycle_is_handed_one_more_than_fit(monkeypatch):
+    cluster, running = rare_model_held((0,))
+    policy = QueuePolicy(backfill=True)
+    index = PendingIndex(policy)
+    for i in range(10):  # three GPUs free: ones of one GPU and ones of two, alternating
+        gang = GangRequest(f"p{i}", workers=1, gpus_per_worker=1 + i % 2, gpu_model="A10")
+        index.add(QueuedJob(gang.owner, gang, submitted_at=float(i), runtime_estimate=100.0))
+    got, handed = decided_on(monkeypatch, cluster, index, running, policy)
+    # Three GPUs hold three jobs of one GPU or one of two: four and two of them are handed.
+    assert handed == ["p0", "p1", "p2", "p3", "p4", "p6"]
+    assert [a.job.key for a in got.admitted] == ["p0", "p1"]
 
 
 def outcome(result):
