@@ -31,7 +31,7 @@ from gangshare.operator.batch_pods import (
     of_attempt,
 )
 from gangshare.operator.batch_pods import phase as pod_phase
-from gangshare.operator.conditions import condition, iso, set_condition
+from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.forecasts import written_forecast_note
 from gangshare.operator.gang_commit import commit_lift, start_running
 from gangshare.operator.lifecycle import Limits, back_of_the_line, enqueue, fail_invalid
@@ -43,9 +43,9 @@ from gangshare.operator.requeue import (
     start_timeout_delay,
 )
 from gangshare.operator.starting import gated, release_broken
+from gangshare.operator.worker_pods import TERMINAL, is_true
 
 HOLDING = ("Admitted", "Running")
-TERMINAL = ("Succeeded", "Failed")
 FROZEN = (
     "spec.suspend: the Job ran before gangshare admitted it, and a Job that has run keeps its "
     "pod template, so its pods cannot be gated as a gang: delete it and create it with "
@@ -227,7 +227,7 @@ def _advance(
         int(w["rank"]): (str(w["node"]), [int(g) for g in w.get("gpus") or []])
         for w in status.get("placement") or []
     }
-    committed = _is_true(status, "GangScheduled")
+    committed = is_true(status, "GangScheduled")
     if not committed and len(live) < spec.pod_count:
         return  # the Job controller is still making the gang's pods
     memory = spec.gpu_memory_mib if decided is ServiceClass.OPPORTUNISTIC else None
@@ -356,8 +356,3 @@ def _ungates(
 def _wake(actions: BatchActions, seconds: float) -> None:
     if actions.requeue_after is None or seconds < actions.requeue_after:
         actions.requeue_after = max(0.0, seconds)
-
-
-def _is_true(status: dict[str, Any], kind: str) -> bool:
-    found = condition(status.get("conditions"), kind)
-    return bool(found and found.get("status") == "True")

@@ -13,8 +13,7 @@ from typing import Any
 from gangshare.core.annotations import ATTEMPT_LABEL, RANK_LABEL
 from gangshare.kube.queued import WorkloadKind
 from gangshare.operator.starting import bound, gated
-
-TERMINAL = ("Succeeded", "Failed")
+from gangshare.operator.worker_pods import TERMINAL
 
 
 def labels(pod: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from gangshare.core.failures import Failure, FailureClass, RetryPolicy, decide_r
 from gangshare.operator.actions import Actions, Event, Observation
 from gangshare.operator.conditions import iso, set_condition
 from gangshare.operator.pod_failures import is_deleting
+from gangshare.operator.worker_pods import pod_name
 
 BACKOFF_CAP_SECONDS = 600.0
 
@@ -34,10 +35,6 @@ class Release:
     timed_out: bool = False
 
 
-def _name(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["name"])
-
-
 def release_gang(
     status: dict[str, Any],
     current: dict[int, dict[str, Any]],
@@ -46,7 +43,7 @@ def release_gang(
     gen: int,
     actions: Actions,
 ) -> None:
-    actions.delete_pods += [_name(p) for p in current.values() if not is_deleting(p)]
+    actions.delete_pods += [pod_name(p) for p in current.values() if not is_deleting(p)]
     conditions = set_condition(
         status.get("conditions"), "Admitted", False, release.reason, release.message, now, gen
     )
@@ -97,7 +94,7 @@ def handle_failure(
         "message": failure.message,
         "time": iso(now),
     }
-    actions.delete_pods += [_name(p) for p in current.values() if not is_deleting(p)]
+    actions.delete_pods += [pod_name(p) for p in current.values() if not is_deleting(p)]
     conditions = set_condition(
         status.get("conditions"), "Running", False, failure.reason, failure.message, now, gen
     )

@@ -16,6 +16,7 @@ from gangshare.kube.claims import job_key
 from gangshare.kube.snapshot import parse_time
 from gangshare.operator.lifecycle import job_needs_reconcile
 from gangshare.operator.reconcile import Reconciler
+from gangshare.operator.worker_pods import TERMINAL
 
 FULL_RESYNC_SECONDS = 30.0
 RESYNC_PER_PASS = 32
@@ -43,11 +44,11 @@ def resync_keys(
             phase == "Restarting" and (parse_time(status.get("nextRetryAt")) or 0) <= now
         )
         ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
-        if phase in ("Succeeded", "Failed") and ttl is not None:
+        if phase in TERMINAL and ttl is not None:
             ready = ready or (parse_time(status.get("completedAt")) or now) + ttl <= now
         if ready:
             due.append(key)
-        elif phase not in ("Succeeded", "Failed") and resync_worthy(job, owners):
+        elif phase not in TERMINAL and resync_worthy(job, owners):
             at = reconciler.reconciled_at(key)
             if at is None or now - at >= FULL_RESYNC_SECONDS:
                 stale.append((-1e18 if at is None else at, key))
