@@ -13,6 +13,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 from gangshare.core.job import ServiceClass
 from gangshare.core.queueing import PodPriority, QueuedJob
@@ -71,8 +72,8 @@ class PinnedLanes:
         # With predictions, a job's estimate is its queue's and GPU count's: no part of its kind.
         self._own_estimates = own_estimates
         self._lanes: dict[LaneKey, _Lane] = {}
-        # job key -> where it was put: (nodes, kind), nodes None when it may run anywhere.
-        self._put: dict[str, tuple[frozenset[str] | None, _Kind | None]] = {}
+        # job key -> where it was put: (nodes, kind), None when it may run anywhere.
+        self._put: dict[str, tuple[frozenset[str], _Kind] | None] = {}
 
     def fill(self, lanes: Iterable[tuple[LaneKey, list[SortKey], list[QueuedJob]]]) -> None:
         for lane, keys, jobs in lanes:
@@ -80,20 +81,21 @@ class PinnedLanes:
                 self.add(lane, order, job)
 
     def add(self, lane: LaneKey, order: SortKey, job: QueuedJob) -> None:
-        nodes, kind = self._where(job)
-        self._put[job.key] = (nodes, kind)
+        where = self._put[job.key] = self._where(job)
         grouped = self._lanes.setdefault(lane, _Lane())
-        if nodes is None or kind is None:
+        if where is None:
             _insert(grouped.anywhere, order, job)
         else:
+            nodes, kind = where
             _insert(grouped.pinned.setdefault(nodes, {}).setdefault(kind, ([], [])), order, job)
 
     def remove(self, lane: LaneKey, order: SortKey, key: str) -> None:
-        nodes, kind = self._put.pop(key)
+        where = self._put.pop(key)
         grouped = self._lanes[lane]
-        if nodes is None or kind is None:
+        if where is None:
             _delete(grouped.anywhere, order)
             return
+        nodes, kind = where
         kinds = grouped.pinned[nodes]
         _delete(kinds[kind], order)
         if not kinds[kind][0]:
@@ -108,15 +110,18 @@ class PinnedLanes:
         streams: list[Iterable[tuple[SortKey, QueuedJob]]] = [_paired(grouped.anywhere)]
         for nodes, kinds in grouped.pinned.items():
             room = free(nodes)
-            for kind, (keys, jobs) in kinds.items():
-                first = room // kind.gpus + 1
-                streams.append(zip(keys[:first], jobs[:first], strict=True))
+            for kind, ordered in kinds.items():
+                streams.append(islice(_paired(ordered), room // kind.gpus + 1))
         for _, job in heapq.merge(*streams, key=lambda item: item[0]):
             yield job
 
-    def _where(self, job: QueuedJob) -> tuple[frozenset[str] | None, _Kind | None]:
+    def _where(self, job: QueuedJob) -> tuple[frozenset[str], _Kind] | None:
+        """The nodes a guaranteed job is pinned to, and its kind there; None when it may run
+        anywhere (or is not guaranteed)."""
         if job.service_class is not ServiceClass.GUARANTEED:
-            return None, None
+            return None
         nodes, shape = self.full.where(job.gang)
+        if nodes is None:
+            return None
         estimate = job.runtime_estimate if self._own_estimates else None
         return nodes, _Kind(shape, job.gpus, job.priority, job.pod_priority, estimate)
